@@ -1,0 +1,205 @@
+"""Typed engine configuration.
+
+Accepts the official MOSS-TTS llama.cpp YAML keys unchanged (a user points
+``--config`` at their existing file) plus streamtts's own keys. Relative paths
+resolve against the project root (the first folder above the config holding a
+``pyproject.toml``), then the config's folder, then the working directory, as
+the official pipeline does.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-request sampling. Temperature 0 means greedy (argmax, first index on ties)."""
+
+    text_temperature: float = 1.5
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 1.7
+    audio_top_p: float = 0.8
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.0
+
+    def validate(self) -> SamplingParams:
+        for name in ("text_temperature", "audio_temperature"):
+            v = getattr(self, name)
+            if not (v >= 0.0) or v != v or v == float("inf"):
+                raise ConfigError(f"{name} must be a finite number >= 0 (0 = greedy), got {v!r}")
+        for name in ("text_top_p", "audio_top_p"):
+            v = getattr(self, name)
+            if not (0.0 < v <= 1.0):
+                raise ConfigError(f"{name} must be in (0, 1], got {v!r}")
+        for name in ("text_top_k", "audio_top_k"):
+            v = getattr(self, name)
+            if v < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = no top-k), got {v!r}")
+        p = self.audio_repetition_penalty
+        if not (p > 0.0) or p == float("inf"):
+            raise ConfigError(f"audio_repetition_penalty must be > 0 (1.0 = off), got {p!r}")
+        return self
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        return cls(text_temperature=0.0, audio_temperature=0.0)
+
+
+SAMPLING_KEYS = tuple(SamplingParams.__struct_fields__)
+PATH_KEYS = (
+    "backbone_gguf",
+    "embedding_dir",
+    "lm_head_dir",
+    "tokenizer_dir",
+    "audio_encoder_onnx",
+    "audio_decoder_onnx",
+    "audio_encoder_trt",
+    "audio_decoder_trt",
+    "model_config_json",
+    "fused_gguf",
+)
+
+
+class EngineConfig(msgspec.Struct, kw_only=True):
+    # ---- official keys (MOSS-TTS llama.cpp configs) ----
+    backbone_gguf: str = ""
+    embedding_dir: str = ""
+    lm_head_dir: str = ""
+    tokenizer_dir: str = ""
+    audio_backend: Literal["onnx", "trt", "torch"] = "onnx"
+    audio_encoder_onnx: str = ""
+    audio_decoder_onnx: str = ""
+    audio_encoder_trt: str = ""
+    audio_decoder_trt: str = ""
+    heads_backend: Literal["auto", "numpy", "torch", "fused"] = "auto"
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = number of physical cores
+    n_gpu_layers: int = -1
+    max_new_tokens: int = 3072
+    use_gpu_audio: bool = True
+    low_memory: bool = False
+    kv_cache_type_k: str = "f16"
+    kv_cache_type_v: str = "f16"
+    flash_attn: str | bool = "auto"
+    text_temperature: float = 1.5
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 1.7
+    audio_top_p: float = 0.8
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.0
+
+    # ---- streamtts keys ----
+    model_config_json: str = ""  # token ids; default: config.json next to the GGUF/tokenizer
+    fused_gguf: str = ""  # GGUF whose output layer holds the head rows (streamtts convert)
+    normalize_text: bool = True
+    max_streams: int = 4  # concurrent sequences (llama.cpp n_seq_max); n_ctx is per stream
+    prefill_chunk: int = 256  # prompt rows a joining stream may prefill per tick
+    queue_size: int = 64  # requests waiting for a slot before new ones are refused
+    queue_timeout_s: float = 30.0
+    decode_context_frames: int = 125  # left context per decode window (10 s)
+    chunk_frames: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8])
+    max_buffered_s: float = 20.0  # backpressure high-water mark (audio not yet consumed)
+    resume_buffered_s: float = 10.0  # low-water mark
+    codec_threads: int = 0  # ONNX Runtime intra-op threads for the codec (0 = default)
+    log_llama: bool = False  # forward llama.cpp's own log lines
+
+    # where the file came from (not a YAML key)
+    source: str = ""
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(**{k: getattr(self, k) for k in SAMPLING_KEYS}).validate()
+
+    def validate(self) -> EngineConfig:
+        self.sampling  # noqa: B018 - validates the sampling keys
+        if self.n_ctx < 64:
+            raise ConfigError(f"n_ctx must be >= 64, got {self.n_ctx}")
+        if self.n_batch < 1:
+            raise ConfigError(f"n_batch must be >= 1, got {self.n_batch}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_streams < 1:
+            raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.decode_context_frames < 0:
+            raise ConfigError("decode_context_frames must be >= 0")
+        if not self.chunk_frames or any(c < 1 for c in self.chunk_frames):
+            raise ConfigError(f"chunk_frames must be a non-empty list of ints >= 1, got {self.chunk_frames}")
+        if self.resume_buffered_s > self.max_buffered_s or self.max_buffered_s <= 0:
+            raise ConfigError("need 0 < resume_buffered_s <= max_buffered_s")
+        return self
+
+
+def _project_root(start: Path) -> Path | None:
+    for parent in (start, *start.parents):
+        if (parent / "pyproject.toml").exists():
+            return parent
+    return None
+
+
+def resolve_path(value: str, config_dir: Path | None) -> str:
+    """Resolve a relative model path the way the official pipeline does."""
+    if not value:
+        return value
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return str(p)
+    candidates: list[Path] = []
+    if config_dir is not None:
+        root = _project_root(config_dir)
+        if root is not None:
+            candidates.append(root / p)
+        candidates.append(config_dir / p)
+    candidates.append(Path.cwd() / p)
+    for c in candidates:
+        if c.exists():
+            return str(c.resolve())
+    return str(candidates[0].resolve())
+
+
+def config_from_dict(data: dict[str, Any], config_dir: Path | None = None, source: str = "") -> EngineConfig:
+    known = set(EngineConfig.__struct_fields__) - {"source"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        log.warning("%s: ignoring unknown config keys: %s", source or "config", ", ".join(unknown))
+    filtered = {k: v for k, v in data.items() if k in known}
+    try:
+        cfg = msgspec.convert(filtered, EngineConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source or 'config'}: {exc}") from exc
+    for key in PATH_KEYS:
+        setattr(cfg, key, resolve_path(getattr(cfg, key), config_dir))
+    cfg.source = source
+    return cfg.validate()
+
+
+def load_config(path: str | Path, **overrides: Any) -> EngineConfig:
+    """Load a YAML config (official or streamtts keys); ``overrides`` win over the file."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {p}") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of config keys, got {type(data).__name__}")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return config_from_dict(data, p.resolve().parent, source=str(p))
