@@ -1,0 +1,228 @@
+"""The (S, 1 + n_vq) prompt matrix (contract section 3).
+
+The text channel is the chat template below, tokenised in one piece as the
+official pipeline does; the audio channels are pad except on the reference
+block's slot rows, which carry the reference codes in delay layout. A last
+``<|audio_start|>`` row puts the model in audio mode.
+
+Special-token strings are looked up by id (published tokenizer files name
+some of these ids differently), and the result is checked: if the tokenizer
+splits a marker into ordinary tokens, the rows would silently misalign with
+the codes, so that is an error instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .delay import delay_layout
+from .errors import ConfigError, InputError, ModelFileError
+from .tokens import TokenIds
+
+
+class TextTokenizer(Protocol):
+    """What the prompt builder needs from a tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def id_to_token(self, id: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """One request's prompt fields; ``None`` fields are written literally as ``None``.
+
+    ``reference_codes`` (T, n_vq) int codes of the reference voice (encoder
+    output), or None. ``tokens`` is the desired length in audio frames.
+    """
+
+    text: str
+    reference_codes: np.ndarray | None = None
+    instruction: str | None = None
+    tokens: int | None = None
+    quality: str | None = None
+    sound_event: str | None = None
+    ambient_sound: str | None = None
+    language: str | None = None
+
+
+def _special(tokenizer: TextTokenizer, token_id: int, role: str) -> str:
+    tok = tokenizer.id_to_token(token_id)
+    if not tok:
+        raise ConfigError(
+            f"the tokenizer has no token with id {token_id} ({role}); "
+            "is it the MOSS-TTS tokenizer matching this model's token ids?"
+        )
+    return tok
+
+
+def _check_reference(codes: np.ndarray | None, ids: TokenIds) -> np.ndarray | None:
+    if codes is None:
+        return None
+    c = np.asarray(codes)
+    if c.ndim != 2 or c.shape[1] != ids.n_vq:
+        raise InputError(f"reference_codes must be (T, {ids.n_vq}), got shape {c.shape}")
+    if not np.issubdtype(c.dtype, np.integer):
+        raise InputError(f"reference_codes must be integers, got {c.dtype}")
+    if c.shape[0] == 0:
+        return None  # as the official pipeline: an empty reference is no reference
+    if c.min() < 0 or c.max() >= ids.audio_vocab_size:
+        raise InputError(f"reference codes must be in [0, {ids.audio_vocab_size - 1}]")
+    return c.astype(np.int64, copy=False)
+
+
+def _field(value: object) -> str:
+    return "None" if value is None else str(value)
+
+
+def build_prompt(tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec) -> np.ndarray:
+    """Build the (S, 1 + n_vq) int64 prompt for ``spec``.
+
+    Raises :class:`InputError` for empty text, a bad reference, a bad
+    ``tokens`` value, or fields containing the model's special-token strings
+    (they would be tokenised as control tokens); :class:`ConfigError` when the
+    tokenizer lacks the special ids or does not treat them as single tokens.
+    """
+    if not isinstance(spec.text, str) or not spec.text.strip():
+        raise InputError("text is empty")
+    if spec.tokens is not None and (
+        isinstance(spec.tokens, bool) or not isinstance(spec.tokens, int) or spec.tokens < 1
+    ):
+        raise InputError(
+            f"tokens (duration in frames) must be a positive integer, got {spec.tokens!r}"
+        )
+    ref = _check_reference(spec.reference_codes, ids)
+
+    im_start = _special(tokenizer, ids.im_start, "<|im_start|>")
+    im_end = _special(tokenizer, ids.im_end, "<|im_end|>")
+    audio_start = _special(tokenizer, ids.audio_start, "<|audio_start|>")
+    audio_end = _special(tokenizer, ids.audio_end, "<|audio_end|>")
+    user_slot = _special(tokenizer, ids.user_slot, "audio user slot")
+    specials = {
+        im_start,
+        im_end,
+        audio_start,
+        audio_end,
+        user_slot,
+        _special(tokenizer, ids.pad, "<|endoftext|>"),
+        _special(tokenizer, ids.gen_slot, "audio gen slot"),
+        _special(tokenizer, ids.delay_slot, "audio delay slot"),
+    }
+    fields = {
+        "text": spec.text,
+        "instruction": spec.instruction,
+        "quality": spec.quality,
+        "sound_event": spec.sound_event,
+        "ambient_sound": spec.ambient_sound,
+        "language": spec.language,
+    }
+    for name, value in fields.items():
+        if value is None:
+            continue
+        for sp in specials:
+            if sp in value:
+                raise InputError(f"{name} contains the special token string {sp!r}")
+
+    k_n = ids.n_vq
+    n_slots = 0 if ref is None else ref.shape[0] + k_n - 1
+    ref_str = "None" if ref is None else f"[S1]:\n{audio_start}{user_slot * n_slots}{audio_end}"
+    user = (
+        f"<user_inst>\n"
+        f"- Reference(s):\n{ref_str}\n"
+        f"- Instruction:\n{_field(spec.instruction)}\n"
+        f"- Tokens:\n{_field(spec.tokens)}\n"
+        f"- Quality:\n{_field(spec.quality)}\n"
+        f"- Sound Event:\n{_field(spec.sound_event)}\n"
+        f"- Ambient Sound:\n{_field(spec.ambient_sound)}\n"
+        f"- Language:\n{_field(spec.language)}\n"
+        f"- Text:\n{spec.text}\n"
+        f"</user_inst>"
+    )
+    full = f"{im_start}user\n{user}{im_end}\n{im_start}assistant\n"
+    text_ids = np.asarray(tokenizer.encode(full), dtype=np.int64)
+    tail = tokenizer.encode(audio_start)
+    if list(tail) != [ids.audio_start]:
+        raise ConfigError(
+            f"the tokenizer encodes {audio_start!r} as {list(tail)[:8]}, not the single id "
+            f"{ids.audio_start}: it does not treat the model's markers as special tokens"
+        )
+    block = _verify(text_ids, ids, n_slots)
+
+    s_n = text_ids.shape[0] + 1
+    prompt = np.full((s_n, 1 + k_n), ids.audio_pad_code, dtype=np.int64)
+    prompt[:-1, 0] = text_ids
+    prompt[-1, 0] = ids.audio_start
+    if ref is not None:
+        first = block + 1
+        prompt[first : first + n_slots, 1:] = delay_layout(ref, ids.audio_pad_code)
+    return prompt
+
+
+def _verify(text_ids: np.ndarray, ids: TokenIds, n_slots: int) -> int:
+    """Check the markers came out as single tokens where expected.
+
+    Returns the row of the reference block's ``<|audio_start|>`` (-1 without one).
+    """
+    expected = {ids.im_start: 2, ids.im_end: 1}
+    n_markers = 1 if n_slots else 0
+    expected.update({ids.audio_start: n_markers, ids.audio_end: n_markers, ids.user_slot: n_slots})
+    for token_id, count in expected.items():
+        got = int(np.count_nonzero(text_ids == token_id))
+        if got != count:
+            raise ConfigError(
+                f"tokenising the prompt gave {got} x id {token_id}, expected {count}: the "
+                "tokenizer does not treat the model's special tokens as single tokens"
+            )
+    if text_ids[0] != ids.im_start:
+        raise ConfigError(f"the prompt does not start with <|im_start|> (id {ids.im_start})")
+    if not n_slots:
+        return -1
+    start = int(np.flatnonzero(text_ids == ids.audio_start)[0])
+    end = int(np.flatnonzero(text_ids == ids.audio_end)[0])
+    if end != start + n_slots + 1 or not np.all(text_ids[start + 1 : end] == ids.user_slot):
+        raise ConfigError(
+            "the reference block did not tokenise as <|audio_start|>, "
+            f"{n_slots} x slot, <|audio_end|>: the tokenizer merges the markers"
+        )
+    return start
+
+
+class HFTokenizer:
+    """A ``tokenizers`` tokenizer.json (the Qwen3 byte-level BPE) as a TextTokenizer."""
+
+    def __init__(self, path: str | Path) -> None:
+        p = Path(path).expanduser()
+        file = p / "tokenizer.json" if p.is_dir() else p
+        if not file.is_file():
+            raise ModelFileError(file, "a tokenizers JSON file (tokenizer.json)", "file not found")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover - a declared dependency
+            raise ConfigError(
+                "the 'tokenizers' package is required to load tokenizer.json"
+            ) from exc
+        try:
+            self._tok = Tokenizer.from_file(str(file))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+            raise ModelFileError(file, "a tokenizers JSON file (tokenizer.json)", str(exc)) from exc
+        self.path = file
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text).ids)
+
+    def id_to_token(self, id: int) -> str | None:
+        tok: str | None = self._tok.id_to_token(id)
+        return tok
+
+    def decode(self, ids: list[int]) -> str:
+        text: str = self._tok.decode(ids)
+        return text
+
+    @property
+    def vocab_size(self) -> int:
+        n: int = self._tok.get_vocab_size()
+        return n
