@@ -1,0 +1,743 @@
+/*
+ * bridge.c - streamtts's small C layer over llama.cpp's C API (llama.h).
+ *
+ * Why a bridge at all: the Python side feeds the backbone *embedding rows* (the
+ * summed text + audio embeddings of MOSS-TTS-Delay), one row per stream and tick,
+ * each with its own sequence id and position, and reads back the final hidden
+ * state and a few logit columns of the rows it asked for. Doing that through
+ * llama.h directly from ctypes would mean mirroring llama_batch and the (large,
+ * version-dependent) parameter structs in Python. Here it is a handful of plain
+ * functions with int32/float pointers.
+ *
+ * Rules this file keeps:
+ *   - no allocation on the decode path: the llama_batch and every scratch array
+ *     are sized for n_batch rows when the context is created; a decode points the
+ *     batch at the caller's arrays (no copy of the embeddings);
+ *   - never abort the process on bad input: every argument is validated, and the
+ *     conditions llama.cpp would assert on (sequence positions that do not
+ *     continue the KV cache, too many rows, ...) are rejected with a message;
+ *   - every failure is a negative status code plus a message (stt_last_error for
+ *     a context, an out buffer for stt_create), including the last ERROR line
+ *     llama.cpp logged, captured by our log callback.
+ *
+ * Threading: one stt_ctx must be used by one thread at a time. Different
+ * contexts may be used from different threads. The log capture is process-wide
+ * and guarded by a mutex.
+ */
+
+#include <llama.h>
+#include <ggml.h>
+#include <ggml-cpu.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STT_API __attribute__((visibility("default")))
+
+#ifndef STT_LLAMA_SOURCE
+#define STT_LLAMA_SOURCE "unknown source"
+#endif
+
+/* ---- status codes (returned as negative int32; 0 or a count means success) ---- */
+
+enum {
+    STT_OK        = 0,
+    STT_E_INVALID = -1, /* bad argument, rejected before llama.cpp saw it; context unchanged */
+    STT_E_NO_SLOT = -2, /* no room in the KV cache (llama_decode returned 1, or our check) */
+    STT_E_ABORTED = -3, /* llama_decode returned 2 (abort callback) */
+    STT_E_BATCH   = -4, /* llama_decode returned -1: llama.cpp rejected the batch */
+    STT_E_FATAL   = -5, /* llama_decode returned < -1: compute failed */
+    STT_E_OUTPUT  = -6, /* llama.cpp had no hidden state / logits for an output row */
+    STT_E_MODEL   = -7, /* stt_create: the model file could not be loaded */
+    STT_E_CONTEXT = -8, /* stt_create: the llama context could not be created */
+    STT_E_NOMEM   = -9, /* allocation failed */
+};
+
+/* ---- creation parameters ----
+ * All fields are int32 so the Python mirror (ctypes.Structure) cannot get the
+ * layout wrong; struct_size catches a Python/C version mismatch. */
+typedef struct stt_params {
+    int32_t struct_size;     /* must be sizeof(stt_params) */
+    int32_t n_ctx;           /* total KV cells, all sequences together */
+    int32_t n_batch;         /* max rows per stt_decode */
+    int32_t n_ubatch;        /* physical batch; <= 0: same as n_batch */
+    int32_t n_seq_max;       /* number of sequences (streams) */
+    int32_t n_threads;       /* threads for single-row decodes; <= 0: llama.cpp default */
+    int32_t n_threads_batch; /* threads for multi-row decodes; <= 0: same as n_threads */
+    int32_t n_gpu_layers;    /* layers to offload; < 0 = all */
+    int32_t type_k;          /* ggml_type of the K cache; < 0: llama.cpp default (f16) */
+    int32_t type_v;          /* ggml_type of the V cache; < 0: llama.cpp default (f16) */
+    int32_t flash_attn;      /* -1 auto, 0 disabled, 1 enabled */
+    int32_t kv_unified;      /* 1: one KV buffer shared by all sequences */
+    int32_t embeddings;      /* initial llama_set_embeddings state (each decode sets it anyway) */
+    int32_t poll;            /* < 0: llama.cpp's default CPU threads; 0..100: attach our own
+                                ggml threadpool with this polling level (0 = workers sleep
+                                between decodes instead of spinning) */
+    int32_t use_mmap;        /* 1: memory-map the model file (llama.cpp default) */
+} stt_params;
+
+struct stt_ctx {
+    struct llama_model   *model;
+    struct llama_context *lctx;
+    llama_memory_t        mem;
+    ggml_threadpool_t     threadpool; /* NULL unless params.poll >= 0 */
+
+    int32_t n_embd, n_vocab, n_ctx, n_ctx_seq, n_seq_max, n_batch;
+    int32_t kv_unified;
+    int32_t embeddings_on; /* last value given to llama_set_embeddings */
+
+    /* preallocated for n_batch rows; stt_decode only fills/points them */
+    struct llama_batch batch;
+    int32_t       *n_seq_id;  /* [n_batch], all 1 */
+    llama_seq_id **seq_ptr;   /* [n_batch], pointers into the caller's seq_id array */
+    int32_t       *out_rows;  /* [n_batch], batch row of each output of the last decode */
+    int32_t        n_out;     /* outputs of the last successful decode */
+
+    /* per-sequence scratch for the position check, [n_seq_max] each */
+    int32_t  *seq_next;  /* position the next row of this sequence must have */
+    int32_t  *seq_start; /* first cell position the sequence will hold after the batch */
+    uint32_t *seq_mark;  /* == mark when the entry is valid for the current call */
+    uint32_t  mark;
+
+    int32_t *cols;  /* selected logit columns (NULL = all) */
+    int32_t  n_cols;
+
+    char err[1536];
+};
+
+/* ---- llama.cpp log capture ----------------------------------------------------------- */
+
+/* The last few ERROR messages, oldest overwritten first. A failure usually logs a
+ * chain ("gguf: invalid magic" -> "error loading model" -> "failed to load model");
+ * the whole chain since the call started goes into the bridge's message. */
+#define LOG_RING 6
+#define LOG_MSG  512
+
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char            g_log_ring[LOG_RING][LOG_MSG];
+static uint64_t        g_log_error_seq;      /* number of ERROR messages so far */
+static int             g_log_prev_level;     /* level of the previous line (for CONT) */
+static int             g_log_forward = 0;    /* STREAMTTS_LLAMA_LOG: 1 forward INFO+ to stderr, 2 also DEBUG */
+static pthread_once_t  g_init_once = PTHREAD_ONCE_INIT;
+
+static void stt_log_cb(enum ggml_log_level level, const char *text, void *user_data) {
+    (void)user_data;
+    if (text == NULL) return;
+    pthread_mutex_lock(&g_log_mu);
+    int eff = (level == GGML_LOG_LEVEL_CONT) ? g_log_prev_level : (int)level;
+    if (eff == GGML_LOG_LEVEL_ERROR) {
+        if (level == GGML_LOG_LEVEL_CONT && g_log_error_seq > 0) {
+            char *cur = g_log_ring[(g_log_error_seq - 1) % LOG_RING];
+            size_t used = strlen(cur);
+            snprintf(cur + used, LOG_MSG - used, "%s", text);
+        } else {
+            snprintf(g_log_ring[g_log_error_seq % LOG_RING], LOG_MSG, "%s", text);
+            g_log_error_seq++;
+        }
+    }
+    g_log_prev_level = eff;
+    /* 1: INFO and above; 2: DEBUG too */
+    if (g_log_forward >= 2 || (g_log_forward == 1 && eff != GGML_LOG_LEVEL_DEBUG)) {
+        fputs(text, stderr);
+    }
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+static uint64_t log_error_seq(void) {
+    pthread_mutex_lock(&g_log_mu);
+    uint64_t s = g_log_error_seq;
+    pthread_mutex_unlock(&g_log_mu);
+    return s;
+}
+
+/* Join the ERROR messages llama.cpp logged after `since` (at most the last LOG_RING,
+ * trailing newlines dropped, "; " between them) into dst; returns how many. */
+static int log_errors_since(uint64_t since, char *dst, size_t n) {
+    int count = 0;
+    if (n == 0) return 0;
+    dst[0] = '\0';
+    pthread_mutex_lock(&g_log_mu);
+    uint64_t first = since;
+    if (g_log_error_seq > LOG_RING && first < g_log_error_seq - LOG_RING) first = g_log_error_seq - LOG_RING;
+    for (uint64_t k = first; k < g_log_error_seq; k++) {
+        char msg[LOG_MSG];
+        snprintf(msg, sizeof msg, "%s", g_log_ring[k % LOG_RING]);
+        size_t len = strlen(msg);
+        while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' ' || msg[len - 1] == '\r')) msg[--len] = '\0';
+        if (len == 0) continue;
+        size_t used = strlen(dst);
+        snprintf(dst + used, n - used, "%s%s", count ? "; " : "", msg);
+        count++;
+    }
+    pthread_mutex_unlock(&g_log_mu);
+    return count;
+}
+
+static void stt_init_once(void) {
+    const char *env = getenv("STREAMTTS_LLAMA_LOG");
+    g_log_forward = (env != NULL && (env[0] == '1' || env[0] == '2')) ? env[0] - '0' : 0;
+    llama_log_set(stt_log_cb, NULL); /* also sets ggml's callback */
+    llama_backend_init();
+}
+
+/* ---- small helpers --------------------------------------------------------------------- */
+
+static void set_err(struct stt_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(struct stt_ctx *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+}
+
+/* Append " (llama.cpp: <last error>)" to the context's message if llama.cpp logged one. */
+static void append_llama_error(struct stt_ctx *c, uint64_t since) {
+    char msg[1024];
+    if (log_errors_since(since, msg, sizeof msg) > 0) {
+        size_t used = strlen(c->err);
+        snprintf(c->err + used, sizeof c->err - used, " (llama.cpp: %s)", msg);
+    }
+}
+
+static void out_err(char *buf, int32_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void out_err(char *buf, int32_t len, const char *fmt, ...) {
+    if (buf == NULL || len <= 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, (size_t)len, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- parameters ---------------------------------------------------------------------- */
+
+STT_API void stt_params_default(stt_params *p) {
+    if (p == NULL) return;
+    memset(p, 0, sizeof *p);
+    p->struct_size     = (int32_t)sizeof *p;
+    p->n_ctx           = 4096;
+    p->n_batch         = 512;
+    p->n_ubatch        = 0;
+    p->n_seq_max       = 1;
+    p->n_threads       = 0;
+    p->n_threads_batch = 0;
+    p->n_gpu_layers    = 0;
+    p->type_k          = -1;
+    p->type_v          = -1;
+    p->flash_attn      = -1;
+    p->kv_unified      = 0;
+    p->embeddings      = 1;
+    p->poll            = -1;
+    p->use_mmap        = 1;
+}
+
+STT_API int32_t stt_params_size(void) { return (int32_t)sizeof(stt_params); }
+
+/* ---- create / free --------------------------------------------------------------------- */
+
+STT_API void stt_free(struct stt_ctx *c);
+
+/* Load the model and create a context. On failure returns NULL, sets *status (if not NULL)
+ * to STT_E_INVALID / STT_E_MODEL / STT_E_CONTEXT / STT_E_NOMEM and writes a message to err. */
+STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
+                                   int32_t *status, char *err, int32_t err_len) {
+    int32_t dummy;
+    if (status == NULL) status = &dummy;
+    *status = STT_OK;
+    if (err != NULL && err_len > 0) err[0] = '\0';
+    pthread_once(&g_init_once, stt_init_once);
+
+    if (model_path == NULL || p == NULL) {
+        *status = STT_E_INVALID;
+        out_err(err, err_len, "model_path and params must not be NULL");
+        return NULL;
+    }
+    if (p->struct_size != (int32_t)sizeof(stt_params)) {
+        *status = STT_E_INVALID;
+        out_err(err, err_len, "stt_params size mismatch: caller %d bytes, library %d bytes "
+                "(the Python side and the bridge are from different versions; rebuild with native/build.sh)",
+                p->struct_size, (int)sizeof(stt_params));
+        return NULL;
+    }
+    if (p->n_ctx < 1 || p->n_batch < 1 || p->n_seq_max < 1 ||
+        p->n_seq_max > (int32_t)llama_max_parallel_sequences()) {
+        *status = STT_E_INVALID;
+        out_err(err, err_len, "invalid sizes: n_ctx=%d n_batch=%d n_seq_max=%d (need n_ctx >= 1, "
+                "n_batch >= 1, 1 <= n_seq_max <= %d)", p->n_ctx, p->n_batch, p->n_seq_max,
+                (int)llama_max_parallel_sequences());
+        return NULL;
+    }
+    /* a type id must exist and not be one of the removed ones (block size 0) */
+    const int bad_k = p->type_k >= GGML_TYPE_COUNT || (p->type_k >= 0 && ggml_blck_size((enum ggml_type)p->type_k) == 0);
+    const int bad_v = p->type_v >= GGML_TYPE_COUNT || (p->type_v >= 0 && ggml_blck_size((enum ggml_type)p->type_v) == 0);
+    if (p->flash_attn < -1 || p->flash_attn > 1 || bad_k || bad_v || p->poll > 100) {
+        *status = STT_E_INVALID;
+        out_err(err, err_len, "invalid option: flash_attn=%d type_k=%d type_v=%d poll=%d",
+                p->flash_attn, p->type_k, p->type_v, p->poll);
+        return NULL;
+    }
+
+    struct stt_ctx *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        *status = STT_E_NOMEM;
+        out_err(err, err_len, "out of memory");
+        return NULL;
+    }
+
+    uint64_t log_mark = log_error_seq();
+    char llama_msg[1024];
+
+    /* model */
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = p->n_gpu_layers;
+    if (!p->use_mmap) mp.load_mode = LLAMA_LOAD_MODE_NONE; /* else llama.cpp's default */
+    c->model = llama_model_load_from_file(model_path, mp);
+    if (c->model == NULL) {
+        *status = STT_E_MODEL;
+        if (log_errors_since(log_mark, llama_msg, sizeof llama_msg)) {
+            out_err(err, err_len, "failed to load model %s: %s", model_path, llama_msg);
+        } else {
+            out_err(err, err_len, "failed to load model %s", model_path);
+        }
+        stt_free(c);
+        return NULL;
+    }
+
+    /* context */
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx      = (uint32_t)p->n_ctx;
+    cp.n_batch    = (uint32_t)p->n_batch;
+    cp.n_ubatch   = (uint32_t)(p->n_ubatch > 0 ? p->n_ubatch : p->n_batch);
+    cp.n_seq_max  = (uint32_t)p->n_seq_max;
+    if (p->n_threads > 0) cp.n_threads = p->n_threads;
+    cp.n_threads_batch = p->n_threads_batch > 0 ? p->n_threads_batch : cp.n_threads;
+    if (p->type_k >= 0) cp.type_k = (enum ggml_type)p->type_k;
+    if (p->type_v >= 0) cp.type_v = (enum ggml_type)p->type_v;
+    cp.flash_attn_type = (enum llama_flash_attn_type)p->flash_attn;
+    cp.kv_unified   = p->kv_unified != 0;
+    cp.embeddings   = p->embeddings != 0;
+    cp.pooling_type = LLAMA_POOLING_TYPE_NONE; /* per-row hidden states, never pooled */
+    cp.no_perf      = true;
+    c->lctx = llama_init_from_model(c->model, cp);
+    if (c->lctx == NULL) {
+        *status = STT_E_CONTEXT;
+        if (log_errors_since(log_mark, llama_msg, sizeof llama_msg)) {
+            out_err(err, err_len, "failed to create a llama context for %s (n_ctx=%d n_batch=%d "
+                    "n_seq_max=%d type_k=%d type_v=%d flash_attn=%d): %s", model_path, p->n_ctx,
+                    p->n_batch, p->n_seq_max, p->type_k, p->type_v, p->flash_attn, llama_msg);
+        } else {
+            out_err(err, err_len, "failed to create a llama context for %s", model_path);
+        }
+        stt_free(c);
+        return NULL;
+    }
+    c->embeddings_on = cp.embeddings ? 1 : 0;
+
+    /* optional: our own CPU threadpool, so its polling level is ours to choose */
+    if (p->poll >= 0) {
+        int n_pool = (int)cp.n_threads;
+        if ((int)cp.n_threads_batch > n_pool) n_pool = (int)cp.n_threads_batch;
+        struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_pool);
+        tpp.poll = (uint32_t)p->poll;
+        c->threadpool = ggml_threadpool_new(&tpp);
+        if (c->threadpool == NULL) {
+            *status = STT_E_CONTEXT;
+            out_err(err, err_len, "failed to create a ggml threadpool of %d threads", n_pool);
+            stt_free(c);
+            return NULL;
+        }
+        /* one pool for both: a decode uses n_threads or n_threads_batch of its workers */
+        llama_attach_threadpool(c->lctx, c->threadpool, c->threadpool);
+    }
+
+    c->mem        = llama_get_memory(c->lctx);
+    c->n_embd     = llama_model_n_embd(c->model);
+    c->n_vocab    = llama_vocab_n_tokens(llama_model_get_vocab(c->model));
+    c->n_ctx      = (int32_t)llama_n_ctx(c->lctx);
+    c->n_ctx_seq  = (int32_t)llama_n_ctx_seq(c->lctx);
+    c->n_seq_max  = (int32_t)llama_n_seq_max(c->lctx);
+    c->n_batch    = (int32_t)llama_n_batch(c->lctx);
+    c->kv_unified = p->kv_unified != 0;
+    if (c->n_batch > p->n_batch) c->n_batch = p->n_batch; /* never accept more than asked */
+    if (c->mem == NULL) {
+        *status = STT_E_CONTEXT;
+        out_err(err, err_len, "the llama context of %s has no memory (KV cache)", model_path);
+        stt_free(c);
+        return NULL;
+    }
+
+    /* everything the decode path needs, once */
+    size_t nb = (size_t)c->n_batch, ns = (size_t)c->n_seq_max;
+    c->n_seq_id  = malloc(nb * sizeof *c->n_seq_id);
+    c->seq_ptr   = malloc(nb * sizeof *c->seq_ptr);
+    c->out_rows  = malloc(nb * sizeof *c->out_rows);
+    c->seq_next  = malloc(ns * sizeof *c->seq_next);
+    c->seq_start = malloc(ns * sizeof *c->seq_start);
+    c->seq_mark  = calloc(ns, sizeof *c->seq_mark);
+    if (!c->n_seq_id || !c->seq_ptr || !c->out_rows || !c->seq_next || !c->seq_start || !c->seq_mark) {
+        *status = STT_E_NOMEM;
+        out_err(err, err_len, "out of memory");
+        stt_free(c);
+        return NULL;
+    }
+    for (size_t i = 0; i < nb; i++) c->n_seq_id[i] = 1;
+    memset(&c->batch, 0, sizeof c->batch);
+    c->batch.token    = NULL; /* embeddings, not token ids */
+    c->batch.n_seq_id = c->n_seq_id;
+    c->batch.seq_id   = c->seq_ptr;
+    c->n_out = 0;
+    return c;
+}
+
+/* Free everything; NULL is ignored. Order: context, then its threadpool, then the model. */
+STT_API void stt_free(struct stt_ctx *c) {
+    if (c == NULL) return;
+    if (c->lctx != NULL) {
+        if (c->threadpool != NULL) llama_detach_threadpool(c->lctx);
+        llama_free(c->lctx);
+    }
+    if (c->threadpool != NULL) ggml_threadpool_free(c->threadpool);
+    if (c->model != NULL) llama_model_free(c->model);
+    free(c->n_seq_id);
+    free(c->seq_ptr);
+    free(c->out_rows);
+    free(c->seq_next);
+    free(c->seq_start);
+    free(c->seq_mark);
+    free(c->cols);
+    free(c);
+}
+
+/* ---- decode ---------------------------------------------------------------------------- */
+
+/* Check the rows before llama.cpp sees them. llama.cpp requires, per sequence, that the
+ * batch's positions continue the cache (first = pos_max + 1) without gaps; we require the
+ * stricter and simpler rule that a sequence's rows come in batch order at consecutive
+ * positions. Also checks the per-sequence capacity when each sequence has its own cells. */
+static int32_t validate_rows(struct stt_ctx *c, int32_t n_rows, const int32_t *pos,
+                             const int32_t *seq_id) {
+    c->mark++;
+    if (c->mark == 0) { /* wrapped: make every entry stale */
+        memset(c->seq_mark, 0, (size_t)c->n_seq_max * sizeof *c->seq_mark);
+        c->mark = 1;
+    }
+    for (int32_t i = 0; i < n_rows; i++) {
+        const int32_t s = seq_id[i];
+        if (s < 0 || s >= c->n_seq_max) {
+            set_err(c, "row %d: sequence id %d out of range [0, %d)", i, s, c->n_seq_max);
+            return STT_E_INVALID;
+        }
+        if (pos[i] < 0) {
+            set_err(c, "row %d: negative position %d (sequence %d)", i, pos[i], s);
+            return STT_E_INVALID;
+        }
+        if (c->seq_mark[s] != c->mark) {
+            /* first row of this sequence in the batch */
+            const llama_pos pmax = llama_memory_seq_pos_max(c->mem, s);
+            if (pmax >= 0 && pos[i] != pmax + 1) {
+                set_err(c, "row %d: sequence %d continues at position %d, but its KV cache holds "
+                        "positions up to %d (expected %d; seq_rm the sequence to restart it)",
+                        i, s, pos[i], (int)pmax, (int)pmax + 1);
+                return STT_E_INVALID;
+            }
+            c->seq_start[s] = pmax >= 0 ? llama_memory_seq_pos_min(c->mem, s) : pos[i];
+            c->seq_mark[s]  = c->mark;
+        } else if (pos[i] != c->seq_next[s]) {
+            set_err(c, "row %d: sequence %d has position %d after position %d in the same batch "
+                    "(positions of a sequence must be consecutive in batch order)",
+                    i, s, pos[i], c->seq_next[s] - 1);
+            return STT_E_INVALID;
+        }
+        c->seq_next[s] = pos[i] + 1;
+        if (!c->kv_unified && pos[i] - c->seq_start[s] + 1 > c->n_ctx_seq) {
+            set_err(c, "row %d: sequence %d is full: position %d would make it hold %d cells, "
+                    "more than n_ctx_seq = %d (seq_rm it or use a larger n_ctx)",
+                    i, s, pos[i], pos[i] - c->seq_start[s] + 1, c->n_ctx_seq);
+            return STT_E_NO_SLOT;
+        }
+    }
+    return STT_OK;
+}
+
+/* Decode n_rows embedding rows.
+ *   embd     [n_rows * n_embd] float32, row-major
+ *   pos      [n_rows] position of each row in its sequence
+ *   seq_id   [n_rows] sequence of each row, in [0, n_seq_max)
+ *   output   [n_rows] non-zero: return this row's hidden state / logits
+ *   hidden_out  NULL, or [n_out * n_embd]: final hidden state (after the last RMSNorm) of
+ *               each output row, in batch order. NULL turns llama.cpp's embeddings off for
+ *               this call, so only the marked rows are computed through the output layer.
+ *   logits_out  NULL, or [n_out * n_cols]: the selected logit columns of each output row
+ *               (all n_vocab columns when no selection is set).
+ * Returns the number of output rows (>= 0) or a negative status (message: stt_last_error).
+ * A rejected call leaves the KV cache unchanged. */
+STT_API int32_t stt_decode_ex(struct stt_ctx *c, int32_t n_rows, const float *embd,
+                              const int32_t *pos, const int32_t *seq_id, const int8_t *output,
+                              float *hidden_out, float *logits_out, int32_t out_capacity);
+
+STT_API int32_t stt_decode(struct stt_ctx *c, int32_t n_rows, const float *embd,
+                           const int32_t *pos, const int32_t *seq_id, const int8_t *output,
+                           float *hidden_out, float *logits_out) {
+    /* the caller vouches that its output buffers hold every marked row */
+    return stt_decode_ex(c, n_rows, embd, pos, seq_id, output, hidden_out, logits_out, INT32_MAX);
+}
+
+/* stt_decode with a bound on the output buffers: a batch marking more than out_capacity
+ * rows as outputs is rejected before anything is decoded (when hidden_out or logits_out is
+ * given), so a wrong output flag can never write past the caller's buffers. */
+STT_API int32_t stt_decode_ex(struct stt_ctx *c, int32_t n_rows, const float *embd,
+                              const int32_t *pos, const int32_t *seq_id, const int8_t *output,
+                              float *hidden_out, float *logits_out, int32_t out_capacity) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    c->n_out = 0;
+    if (n_rows < 1 || n_rows > c->n_batch) {
+        set_err(c, "n_rows = %d, must be in [1, n_batch = %d]", n_rows, c->n_batch);
+        return STT_E_INVALID;
+    }
+    if (embd == NULL || pos == NULL || seq_id == NULL || output == NULL) {
+        set_err(c, "embd, pos, seq_id and output must not be NULL");
+        return STT_E_INVALID;
+    }
+    int32_t rc = validate_rows(c, n_rows, pos, seq_id);
+    if (rc != STT_OK) return rc;
+
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < n_rows; i++) {
+        if (output[i]) c->out_rows[n_out++] = i;
+    }
+    if (n_out > out_capacity && (hidden_out != NULL || logits_out != NULL)) {
+        set_err(c, "%d rows are marked as outputs but the output buffers have room for %d",
+                n_out, out_capacity < 0 ? 0 : out_capacity);
+        return STT_E_INVALID;
+    }
+
+    /* Hidden states need llama.cpp's embeddings mode, which marks every row as an output
+     * (the output layer then runs for all rows). Only turn it on when it is needed. */
+    const int32_t want_embd = (hidden_out != NULL && n_out > 0) ? 1 : 0;
+    if (want_embd != c->embeddings_on) {
+        llama_set_embeddings(c->lctx, want_embd != 0);
+        c->embeddings_on = want_embd;
+    }
+
+    /* point the preallocated batch at the caller's arrays (llama.h has no const here,
+     * llama.cpp only reads them) */
+    for (int32_t i = 0; i < n_rows; i++) c->seq_ptr[i] = (llama_seq_id *)&seq_id[i];
+    c->batch.n_tokens = n_rows;
+    c->batch.embd     = (float *)embd;
+    c->batch.pos      = (llama_pos *)pos;
+    c->batch.logits   = (int8_t *)output;
+
+    const uint64_t log_mark = log_error_seq();
+    const int32_t ret = llama_decode(c->lctx, c->batch);
+    if (ret != 0) {
+        switch (ret) {
+        case 1:
+            set_err(c, "no KV cache slot for a batch of %d rows (n_ctx = %d, n_ctx_seq = %d; "
+                    "free finished sequences with seq_rm or raise n_ctx)", n_rows, c->n_ctx,
+                    c->n_ctx_seq);
+            rc = STT_E_NO_SLOT;
+            break;
+        case 2:
+            set_err(c, "decode aborted (llama_decode returned 2)");
+            rc = STT_E_ABORTED;
+            break;
+        case -1:
+            set_err(c, "llama.cpp rejected the batch (llama_decode returned -1)");
+            rc = STT_E_BATCH;
+            break;
+        default:
+            set_err(c, "llama_decode failed with code %d (compute error; rows already processed "
+                    "stay in the KV cache - check seq_pos_max)", ret);
+            rc = ret < 0 ? STT_E_FATAL : STT_E_BATCH;
+            break;
+        }
+        append_llama_error(c, log_mark);
+        return rc;
+    }
+
+    /* copy the outputs the caller asked for, in batch order */
+    for (int32_t j = 0; j < n_out; j++) {
+        const int32_t row = c->out_rows[j];
+        if (hidden_out != NULL) {
+            const float *h = llama_get_embeddings_ith(c->lctx, row);
+            if (h == NULL) {
+                set_err(c, "llama.cpp returned no hidden state for row %d", row);
+                append_llama_error(c, log_mark);
+                return STT_E_OUTPUT;
+            }
+            memcpy(hidden_out + (size_t)j * (size_t)c->n_embd, h, (size_t)c->n_embd * sizeof(float));
+        }
+        if (logits_out != NULL) {
+            const float *l = llama_get_logits_ith(c->lctx, row);
+            if (l == NULL) {
+                set_err(c, "llama.cpp returned no logits for row %d", row);
+                append_llama_error(c, log_mark);
+                return STT_E_OUTPUT;
+            }
+            if (c->cols == NULL) {
+                memcpy(logits_out + (size_t)j * (size_t)c->n_vocab, l, (size_t)c->n_vocab * sizeof(float));
+            } else {
+                float *dst = logits_out + (size_t)j * (size_t)c->n_cols;
+                for (int32_t k = 0; k < c->n_cols; k++) dst[k] = l[c->cols[k]];
+            }
+        }
+    }
+    c->n_out = n_out;
+    return n_out;
+}
+
+/* Select the logit columns stt_decode copies (n = 0 or cols = NULL: all n_vocab columns).
+ * Not for the hot path: it allocates. */
+STT_API int32_t stt_set_logit_columns(struct stt_ctx *c, const int32_t *cols, int32_t n) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    if (n < 0 || (n > 0 && cols == NULL)) {
+        set_err(c, "invalid column selection (n = %d)", n);
+        return STT_E_INVALID;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        if (cols[k] < 0 || cols[k] >= c->n_vocab) {
+            set_err(c, "logit column %d (index %d) out of range [0, %d)", cols[k], k, c->n_vocab);
+            return STT_E_INVALID;
+        }
+    }
+    int32_t *copy = NULL;
+    if (n > 0) {
+        copy = malloc((size_t)n * sizeof *copy);
+        if (copy == NULL) {
+            set_err(c, "out of memory");
+            return STT_E_NOMEM;
+        }
+        memcpy(copy, cols, (size_t)n * sizeof *copy);
+    }
+    free(c->cols);
+    c->cols = copy;
+    c->n_cols = n;
+    return STT_OK;
+}
+
+/* Columns each logits_out row of stt_decode holds. */
+STT_API int32_t stt_n_logit_columns(const struct stt_ctx *c) {
+    if (c == NULL) return STT_E_INVALID;
+    return c->cols != NULL ? c->n_cols : c->n_vocab;
+}
+
+/* Copy the full logits row (n_vocab floats) of output i of the last successful decode. */
+STT_API int32_t stt_copy_logits_row(struct stt_ctx *c, int32_t i, float *dst) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    if (dst == NULL) {
+        set_err(c, "dst must not be NULL");
+        return STT_E_INVALID;
+    }
+    if (i < 0 || i >= c->n_out) {
+        set_err(c, "output %d out of range: the last decode returned %d outputs", i, c->n_out);
+        return STT_E_INVALID;
+    }
+    const uint64_t log_mark = log_error_seq();
+    const float *l = llama_get_logits_ith(c->lctx, c->out_rows[i]);
+    if (l == NULL) {
+        set_err(c, "llama.cpp returned no logits for output %d", i);
+        append_llama_error(c, log_mark);
+        return STT_E_OUTPUT;
+    }
+    memcpy(dst, l, (size_t)c->n_vocab * sizeof(float));
+    return STT_OK;
+}
+
+/* ---- KV cache ---------------------------------------------------------------------------- */
+
+/* Remove every cell of sequence seq (its cells become free for any sequence). */
+STT_API int32_t stt_seq_rm(struct stt_ctx *c, int32_t seq) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    if (seq < 0 || seq >= c->n_seq_max) {
+        set_err(c, "sequence id %d out of range [0, %d)", seq, c->n_seq_max);
+        return STT_E_INVALID;
+    }
+    if (!llama_memory_seq_rm(c->mem, seq, -1, -1)) {
+        set_err(c, "llama.cpp could not remove sequence %d", seq);
+        return STT_E_FATAL;
+    }
+    c->n_out = 0;
+    return STT_OK;
+}
+
+/* Largest position sequence seq holds, -1 when empty, into *pos_out. */
+STT_API int32_t stt_seq_pos_max(struct stt_ctx *c, int32_t seq, int32_t *pos_out) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    if (pos_out == NULL || seq < 0 || seq >= c->n_seq_max) {
+        set_err(c, "sequence id %d out of range [0, %d)", seq, c->n_seq_max);
+        return STT_E_INVALID;
+    }
+    *pos_out = llama_memory_seq_pos_max(c->mem, seq);
+    return STT_OK;
+}
+
+/* Empty the whole KV cache (all sequences). */
+STT_API int32_t stt_memory_clear(struct stt_ctx *c) {
+    if (c == NULL) return STT_E_INVALID;
+    llama_memory_clear(c->mem, true);
+    c->n_out = 0;
+    return STT_OK;
+}
+
+/* ---- getters ------------------------------------------------------------------------------- */
+
+STT_API int32_t stt_n_embd(const struct stt_ctx *c)    { return c ? c->n_embd : STT_E_INVALID; }
+STT_API int32_t stt_n_vocab(const struct stt_ctx *c)   { return c ? c->n_vocab : STT_E_INVALID; }
+STT_API int32_t stt_n_ctx(const struct stt_ctx *c)     { return c ? c->n_ctx : STT_E_INVALID; }
+STT_API int32_t stt_n_ctx_seq(const struct stt_ctx *c) { return c ? c->n_ctx_seq : STT_E_INVALID; }
+STT_API int32_t stt_n_seq_max(const struct stt_ctx *c) { return c ? c->n_seq_max : STT_E_INVALID; }
+STT_API int32_t stt_n_batch(const struct stt_ctx *c)   { return c ? c->n_batch : STT_E_INVALID; }
+STT_API int32_t stt_n_threads(const struct stt_ctx *c) {
+    return c ? llama_n_threads(c->lctx) : STT_E_INVALID;
+}
+STT_API int32_t stt_has_threadpool(const struct stt_ctx *c) {
+    return c ? (c->threadpool != NULL) : STT_E_INVALID;
+}
+
+/* Message of the last failed call on this context ("" after a success). */
+STT_API const char *stt_last_error(const struct stt_ctx *c) {
+    return c ? c->err : "no context (NULL handle)";
+}
+
+/* The last ERROR line llama.cpp logged in this process (copied into buf); returns 1 if
+ * there was one, else 0. */
+STT_API int32_t stt_llama_last_error(char *buf, int32_t len) {
+    if (buf == NULL || len <= 0) return STT_E_INVALID;
+    uint64_t seq = log_error_seq();
+    return log_errors_since(seq > 0 ? seq - 1 : 0, buf, (size_t)len) > 0 ? 1 : 0;
+}
+
+/* llama.cpp / ggml versions and where the source came from. */
+static char           g_version[320];
+static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
+static void stt_version_once(void) {
+    snprintf(g_version, sizeof g_version, "llama.cpp %s (ggml %s, commit %s; %s)", llama_version(),
+             ggml_version(), ggml_commit(), STT_LLAMA_SOURCE);
+}
+STT_API const char *stt_version(void) {
+    pthread_once(&g_version_once, stt_version_once);
+    return g_version;
+}
+
+/* Forward llama.cpp's log lines to stderr: 0 none, 1 INFO and above, 2 DEBUG too. The
+ * default comes from STREAMTTS_LLAMA_LOG. ERROR lines are captured for messages either way. */
+STT_API void stt_set_log_forward(int32_t level) {
+    pthread_once(&g_init_once, stt_init_once);
+    pthread_mutex_lock(&g_log_mu);
+    g_log_forward = level < 0 ? 0 : (level > 2 ? 2 : level);
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+/* llama.cpp's system info line (CPU features, backends). */
+STT_API const char *stt_system_info(void) {
+    pthread_once(&g_init_once, stt_init_once);
+    return llama_print_system_info();
+}

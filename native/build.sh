@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# Build llama.cpp (the copy vendored by llama-cpp-python) and the streamtts bridge.
+#
+#   native/build.sh               build (or refresh) the CPU variant
+#   STREAMTTS_CUDA=1 native/build.sh   build the CUDA variant
+#   native/build.sh --print-lib   print the bridge library the Python side will load
+#   native/build.sh --configure-only   stop after configuring llama.cpp (checks options fast)
+#   native/build.sh --clean       remove every build, pointer and downloaded source
+#
+# Everything lands outside the repository, in
+#   ${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}/native/
+#     src/llama_cpp_python-<ver>/vendor/llama.cpp   downloaded source (unless LLAMA_CPP_DIR)
+#     <key>/build/                                  cmake build tree
+#     <key>/lib/                                    libstreamtts_bridge.so + libllama/libggml*.so
+#     current-cpu, current-cuda                     symlinks to the <key> folder last built
+# <key> hashes the llama.cpp version and every option that changes the binaries, so
+# switching options never reuses a stale build, and a second run with the same options
+# only checks that nothing changed (seconds).
+#
+# Environment:
+#   LLAMA_CPP_DIR            use this llama.cpp source tree instead of downloading the sdist
+#   STREAMTTS_CUDA=1         build with -DGGML_CUDA=ON (flash attention kernels, CUDA graphs)
+#   STREAMTTS_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES, e.g. 90 (H100/H200), 89 (L4, RTX 40xx),
+#                            86 (A10, RTX 30xx), 80 (A100). Default: "native" when nvidia-smi
+#                            sees a GPU, else "80;86;89;90" (slower to build)
+#   STREAMTTS_NATIVE=0       build portable binaries (-DGGML_NATIVE=OFF); default 1 (-march=native)
+#   STREAMTTS_OPENMP=1       use OpenMP for llama.cpp's CPU threads (default 0: ggml's own
+#                            thread pool, which the bridge can make sleep instead of spin)
+#   STREAMTTS_BUILD_JOBS     parallel build jobs (default: number of CPUs)
+#   STREAMTTS_BUILD_VERBOSE=1  show cmake/compiler output instead of logging it to a file
+#   PYTHON                   interpreter whose pip downloads the sdist (default: the active
+#                            virtualenv, then the repo's .venv, then python3)
+#   CC, CXX                  compilers
+set -Eeuo pipefail
+
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+N_STEPS=7
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$HERE")"
+CACHE_ROOT="${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}"
+NATIVE_DIR="$CACHE_ROOT/native"
+BRIDGE_SRC="$HERE/bridge.c"
+BRIDGE_NAME="libstreamtts_bridge.so"
+
+VARIANT=cpu
+if [[ "${STREAMTTS_CUDA:-0}" == 1 ]]; then VARIANT=cuda; fi
+
+STEP_NO=0
+STEP_NAME="starting"
+LOG=""
+RUN_CMD=""
+
+step() {
+    STEP_NO=$1
+    STEP_NAME=$2
+    echo "==> [$STEP_NO/$N_STEPS] $STEP_NAME"
+}
+
+note() { echo "    $*"; }
+
+on_error() {
+    local rc=$? line=$1 cmd=$2
+    trap - ERR
+    echo "error: step [$STEP_NO/$N_STEPS] ($STEP_NAME) failed with exit code $rc" >&2
+    if [[ -n "$RUN_CMD" ]]; then
+        echo "error:   command: $RUN_CMD" >&2
+    else
+        echo "error:   command (line $line): $cmd" >&2
+    fi
+    if [[ -n "$LOG" && -s "$LOG" ]]; then
+        echo "error:   last lines of $LOG:" >&2
+        tail -n 40 "$LOG" | sed 's/^/    | /' >&2
+    fi
+    exit "$rc"
+}
+trap 'on_error $LINENO "$BASH_COMMAND"' ERR
+
+die() {
+    trap - ERR
+    echo "error: step [$STEP_NO/$N_STEPS] ($STEP_NAME): $*" >&2
+    exit 1
+}
+
+# Run a noisy tool with its output in $LOG (or on the terminal when verbose).
+run_logged() {
+    RUN_CMD="$*"
+    if [[ "${STREAMTTS_BUILD_VERBOSE:-0}" == 1 ]]; then
+        "$@"
+    else
+        "$@" >>"$LOG" 2>&1
+    fi
+    RUN_CMD=""
+}
+
+usage() {
+    sed -n '2,/^set -Eeuo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+
+# -- command line -----------------------------------------------------------------------
+
+ACTION=build
+for arg in "$@"; do
+    case "$arg" in
+        --print-lib) ACTION=print-lib ;;
+        --clean) ACTION=clean ;;
+        --configure-only) ACTION=configure ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "error: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+if [[ "$ACTION" == print-lib ]]; then
+    lib="$NATIVE_DIR/current-$VARIANT/lib/$BRIDGE_NAME"
+    if [[ ! -f "$lib" ]]; then
+        hint="native/build.sh"; [[ "$VARIANT" == cuda ]] && hint="STREAMTTS_CUDA=1 native/build.sh"
+        echo "error: no $VARIANT build yet ($lib missing); run $hint" >&2
+        exit 1
+    fi
+    readlink -f "$lib"
+    exit 0
+fi
+
+if [[ "$ACTION" == clean ]]; then
+    if [[ -d "$NATIVE_DIR" ]]; then
+        echo "==> removing $NATIVE_DIR"
+        rm -rf -- "$NATIVE_DIR"
+    else
+        echo "==> nothing to clean ($NATIVE_DIR does not exist)"
+    fi
+    exit 0
+fi
+
+T_START=$(date +%s)
+mkdir -p "$NATIVE_DIR"
+
+# one build at a time per cache (two shells, or tests, may start it together)
+if command -v flock >/dev/null; then
+    exec 9>"$NATIVE_DIR/.build.lock"
+    if ! flock -n 9; then
+        echo "==> waiting for another native/build.sh on $NATIVE_DIR"
+        flock 9
+    fi
+fi
+
+# -- 1. source ----------------------------------------------------------------------------
+
+step 1 "locating the llama.cpp source"
+if [[ -n "${LLAMA_CPP_DIR:-}" ]]; then
+    [[ -d "$LLAMA_CPP_DIR" ]] || die "LLAMA_CPP_DIR=$LLAMA_CPP_DIR is not a folder"
+    LLAMA_DIR="$(cd "$LLAMA_CPP_DIR" && pwd)"
+    [[ -f "$LLAMA_DIR/include/llama.h" ]] || die "LLAMA_CPP_DIR=$LLAMA_CPP_DIR has no include/llama.h"
+    SRC_ID="dir:$LLAMA_DIR:$(sha256sum "$LLAMA_DIR/include/llama.h" | cut -c1-16)"
+    note "using LLAMA_CPP_DIR=$LLAMA_DIR"
+else
+    SDIST_DIR="$NATIVE_DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+    LLAMA_DIR="$SDIST_DIR/vendor/llama.cpp"
+    SRC_ID="llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+    if [[ -f "$LLAMA_DIR/include/llama.h" ]]; then
+        note "cached: $LLAMA_DIR"
+    else
+        if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
+        elif [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/python" ]]; then PY="$VIRTUAL_ENV/bin/python"
+        elif [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"
+        else PY=python3
+        fi
+        "$PY" -m pip --version >/dev/null 2>&1 \
+            || die "'$PY -m pip' is not available; install pip or set LLAMA_CPP_DIR to a llama.cpp tree"
+        DL="$(mktemp -d "$NATIVE_DIR/src-download.XXXXXX")"
+        LOG="$DL/download.log"
+        note "downloading the llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION sdist with $PY -m pip"
+        run_logged "$PY" -m pip download --no-deps --no-binary :all: \
+            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$DL"
+        TARBALL="$(ls "$DL"/llama_cpp_python-*.tar.gz)"
+        note "unpacking vendor/llama.cpp from $(basename "$TARBALL")"
+        tar -xzf "$TARBALL" -C "$DL" "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+        [[ -f "$DL/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp/include/llama.h" ]] \
+            || die "the sdist has no vendor/llama.cpp/include/llama.h"
+        mkdir -p "$NATIVE_DIR/src"
+        rm -rf -- "$SDIST_DIR"
+        mv "$DL/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" "$SDIST_DIR"
+        rm -rf -- "$DL"
+        LOG=""
+        note "source in $LLAMA_DIR"
+    fi
+fi
+LLAMA_VERSION_BASE="$(sed -n 's/^set(LLAMA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)).*/\2/p' \
+    "$LLAMA_DIR/CMakeLists.txt" | paste -sd. -)"
+
+# -- 2. tools and build key ----------------------------------------------------------------
+
+step 2 "checking tools and computing the build key"
+CC="${CC:-cc}"
+CXX="${CXX:-c++}"
+command -v cmake >/dev/null || die "cmake not found (apt-get install cmake, or pip install cmake)"
+command -v "$CC" >/dev/null || die "C compiler '$CC' not found"
+command -v "$CXX" >/dev/null || die "C++ compiler '$CXX' not found"
+GENERATOR=()
+if command -v ninja >/dev/null; then GENERATOR=(-G Ninja); fi
+JOBS="${STREAMTTS_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+NATIVE_OPT=ON
+if [[ "${STREAMTTS_NATIVE:-1}" == 0 ]]; then NATIVE_OPT=OFF; fi
+OPENMP_OPT=OFF
+if [[ "${STREAMTTS_OPENMP:-0}" == 1 ]]; then OPENMP_OPT=ON; fi
+
+CMAKE_OPTS=(
+    -DCMAKE_BUILD_TYPE=Release
+    -DBUILD_SHARED_LIBS=ON
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+    -DGGML_NATIVE="$NATIVE_OPT"
+    -DGGML_OPENMP="$OPENMP_OPT"
+    -DGGML_BACKEND_DL=OFF
+    # every library finds its siblings in its own folder: no LD_LIBRARY_PATH needed
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
+    "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
+    -DCMAKE_C_COMPILER="$CC"
+    -DCMAKE_CXX_COMPILER="$CXX"
+)
+TOOLCHAIN="$("$CC" --version | head -n1); $("$CXX" --version | head -n1)"
+if [[ "$NATIVE_OPT" == ON ]]; then
+    # -march=native binaries are only good on this kind of CPU: key on its feature flags
+    TOOLCHAIN+="; cpu $( (grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || uname -m) | sha256sum | cut -c1-8)"
+fi
+if [[ "$VARIANT" == cuda ]]; then
+    command -v nvcc >/dev/null || die "STREAMTTS_CUDA=1 but nvcc is not on PATH (install the CUDA toolkit)"
+    # flash-attention kernels and CUDA graphs are llama.cpp's defaults; they are spelt out
+    # so a changed default never silently drops them. Whether flash attention is used is a
+    # run-time choice (BackboneParams.flash_attn).
+    CMAKE_OPTS+=(-DGGML_CUDA=ON -DGGML_CUDA_FA=ON -DGGML_CUDA_GRAPHS=ON)
+    CUDA_ARCH="${STREAMTTS_CUDA_ARCH:-}"
+    if [[ -z "$CUDA_ARCH" ]]; then
+        if nvidia-smi -L >/dev/null 2>&1; then
+            CUDA_ARCH=native
+        else
+            # "native" fails without a visible GPU (e.g. in a container build)
+            CUDA_ARCH="80;86;89;90"
+            note "no GPU visible: building CUDA kernels for $CUDA_ARCH (set STREAMTTS_CUDA_ARCH to narrow)"
+        fi
+    fi
+    CMAKE_OPTS+=(-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH")
+    TOOLCHAIN+="; $(nvcc --version | tail -n1)"
+fi
+KEY_TEXT="$SRC_ID|$LLAMA_VERSION_BASE|$VARIANT|${GENERATOR[*]:-make}|${CMAKE_OPTS[*]}|$TOOLCHAIN"
+KEY_HASH="$(printf '%s' "$KEY_TEXT" | sha256sum | cut -c1-12)"
+KEY="llama-$LLAMA_CPP_PYTHON_VERSION-$VARIANT-$KEY_HASH"
+if [[ -n "${LLAMA_CPP_DIR:-}" ]]; then KEY="llama-dir-$VARIANT-$KEY_HASH"; fi
+OUT="$NATIVE_DIR/$KEY"
+BUILD="$OUT/build"
+LIB="$OUT/lib"
+mkdir -p "$BUILD" "$LIB"
+printf '%s\n' "$KEY_TEXT" >"$OUT/key.txt"
+note "variant $VARIANT, GGML_NATIVE=$NATIVE_OPT, GGML_OPENMP=$OPENMP_OPT, jobs $JOBS"
+note "toolchain: $TOOLCHAIN"
+note "build folder: $OUT"
+
+# -- 3. configure --------------------------------------------------------------------------
+
+step 3 "configuring llama.cpp (cmake)"
+LOG="$OUT/cmake-configure.log"
+CONF_STAMP="$OUT/configure.stamp"
+if [[ -f "$BUILD/CMakeCache.txt" && -f "$CONF_STAMP" && "$(cat "$CONF_STAMP")" == "$KEY_TEXT" ]]; then
+    note "already configured"
+else
+    : >"$LOG"
+    rm -f "$CONF_STAMP"
+    run_logged cmake -S "$LLAMA_DIR" -B "$BUILD" "${GENERATOR[@]}" "${CMAKE_OPTS[@]}"
+    printf '%s' "$KEY_TEXT" >"$CONF_STAMP"
+    note "configured (log: $LOG)"
+fi
+if [[ "$ACTION" == configure ]]; then
+    echo "==> configure only: stopping here"
+    exit 0
+fi
+
+# -- 4. build ------------------------------------------------------------------------------
+
+step 4 "building llama.cpp (target llama; incremental)"
+LOG="$OUT/cmake-build.log"
+: >"$LOG"
+T0=$(date +%s)
+run_logged cmake --build "$BUILD" --target llama --config Release -j "$JOBS"
+note "done in $(( $(date +%s) - T0 )) s (log: $LOG)"
+
+# -- 5. collect libraries -------------------------------------------------------------------
+
+step 5 "collecting libllama/libggml into $LIB"
+LOG=""
+shopt -s nullglob
+found=0
+for f in "$BUILD"/bin/libllama.so* "$BUILD"/bin/libggml*.so*; do
+    found=1
+    name="$(basename "$f")"
+    if [[ -L "$f" ]]; then
+        ln -sfn "$(readlink "$f")" "$LIB/$name"
+    elif ! cmp -s "$f" "$LIB/$name"; then
+        # copy then rename: a process that has the old file mapped keeps working
+        cp "$f" "$LIB/.$name.tmp"
+        mv -f "$LIB/.$name.tmp" "$LIB/$name"
+        note "updated $name"
+    fi
+done
+shopt -u nullglob
+[[ $found == 1 && -e "$LIB/libllama.so" ]] || die "no libllama.so in $BUILD/bin after the build"
+
+# -- 6. bridge ------------------------------------------------------------------------------
+
+step 6 "compiling the bridge ($BRIDGE_NAME)"
+LOG="$OUT/bridge.log"
+BRIDGE_CMD=(
+    "$CC" -std=c11 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Wno-unused-parameter
+    "-DSTT_LLAMA_SOURCE=\"$SRC_ID, $VARIANT build\""
+    -I"$LLAMA_DIR/include" -I"$LLAMA_DIR/ggml/include"
+    "$BRIDGE_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
+    -L"$LIB" -lllama -lggml -lggml-base -lggml-cpu
+    "-Wl,-rpath,\$ORIGIN" -Wl,--no-undefined
+)
+BRIDGE_STAMP="$LIB/bridge.stamp"
+BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
+    | sha256sum | cut -c1-32)|${BRIDGE_CMD[*]}"
+if [[ -f "$LIB/$BRIDGE_NAME" && -f "$BRIDGE_STAMP" && "$(cat "$BRIDGE_STAMP")" == "$BRIDGE_HASH" ]]; then
+    note "up to date"
+else
+    : >"$LOG"
+    run_logged "${BRIDGE_CMD[@]}"
+    mv -f "$LIB/.$BRIDGE_NAME.tmp" "$LIB/$BRIDGE_NAME"
+    printf '%s' "$BRIDGE_HASH" >"$BRIDGE_STAMP"
+    if [[ -s "$LOG" ]]; then note "compiler output in $LOG"; fi
+    note "compiled $LIB/$BRIDGE_NAME"
+fi
+
+# -- 7. pointer -----------------------------------------------------------------------------
+
+step 7 "pointing $NATIVE_DIR/current-$VARIANT at this build"
+LOG=""
+ln -sfn "$KEY" "$NATIVE_DIR/.current-$VARIANT.tmp"
+mv -Tf "$NATIVE_DIR/.current-$VARIANT.tmp" "$NATIVE_DIR/current-$VARIANT"
+note "bridge: $NATIVE_DIR/current-$VARIANT/lib/$BRIDGE_NAME"
+echo "==> done in $(( $(date +%s) - T_START )) s"

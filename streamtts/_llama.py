@@ -1,0 +1,280 @@
+"""Every ctypes declaration for the native bridge (``native/bridge.c``), and finding it.
+
+The bridge wraps llama.cpp (the copy vendored by llama-cpp-python 0.3.36) behind a
+few plain C functions; ``native/build.sh`` builds both into one folder of the cache.
+Each declaration below carries the C prototype it mirrors as a comment: when
+``bridge.c`` changes, this file changes with it (``stt_params.struct_size`` catches
+a mismatch at run time).
+
+Discovery: ``STREAMTTS_BRIDGE_LIB`` (a file) wins; otherwise the pointers build.sh
+writes, ``<cache>/native/current-cuda`` and ``current-cpu``, with
+``<cache> = $STREAMTTS_CACHE or $XDG_CACHE_HOME/streamtts or ~/.cache/streamtts``.
+``STREAMTTS_CUDA=1`` requires the CUDA build, ``STREAMTTS_CUDA=0`` the CPU build;
+unset, a CUDA build is preferred when it exists and loads.
+
+``ctypes.CDLL`` releases the GIL for the duration of every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+
+from .errors import NativeLibraryError
+
+log = logging.getLogger(__name__)
+
+BRIDGE_NAME = "libstreamtts_bridge.so"
+BUILD_HINT = "build it with `native/build.sh` (CUDA: `STREAMTTS_CUDA=1 native/build.sh`)"
+
+# Status codes returned (negative) by the bridge; 0 or a count means success.
+STT_OK = 0
+STT_E_INVALID = -1  # bad argument, rejected before llama.cpp saw it
+STT_E_NO_SLOT = -2  # no room in the KV cache
+STT_E_ABORTED = -3  # llama_decode returned 2
+STT_E_BATCH = -4  # llama_decode returned -1
+STT_E_FATAL = -5  # llama_decode returned < -1
+STT_E_OUTPUT = -6  # llama.cpp had no hidden state / logits for an output row
+STT_E_MODEL = -7  # model file could not be loaded
+STT_E_CONTEXT = -8  # context could not be created
+STT_E_NOMEM = -9
+
+STATUS_NAMES = {
+    STT_E_INVALID: "invalid argument",
+    STT_E_NO_SLOT: "no KV cache slot",
+    STT_E_ABORTED: "aborted",
+    STT_E_BATCH: "batch rejected by llama.cpp",
+    STT_E_FATAL: "llama.cpp compute failed",
+    STT_E_OUTPUT: "no output",
+    STT_E_MODEL: "model load failed",
+    STT_E_CONTEXT: "context creation failed",
+    STT_E_NOMEM: "out of memory",
+}
+
+c_int32 = ctypes.c_int32
+c_void_p = ctypes.c_void_p
+c_char_p = ctypes.c_char_p
+
+
+# typedef struct stt_params {
+#     int32_t struct_size; int32_t n_ctx; int32_t n_batch; int32_t n_ubatch; int32_t n_seq_max;
+#     int32_t n_threads; int32_t n_threads_batch; int32_t n_gpu_layers; int32_t type_k;
+#     int32_t type_v; int32_t flash_attn; int32_t kv_unified; int32_t embeddings; int32_t poll;
+#     int32_t use_mmap;
+# } stt_params;
+class SttParams(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_int32),
+        ("n_ctx", c_int32),
+        ("n_batch", c_int32),
+        ("n_ubatch", c_int32),
+        ("n_seq_max", c_int32),
+        ("n_threads", c_int32),
+        ("n_threads_batch", c_int32),
+        ("n_gpu_layers", c_int32),
+        ("type_k", c_int32),
+        ("type_v", c_int32),
+        ("flash_attn", c_int32),
+        ("kv_unified", c_int32),
+        ("embeddings", c_int32),
+        ("poll", c_int32),
+        ("use_mmap", c_int32),
+    ]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P = ctypes.POINTER
+
+    def fn(name: str, restype: object, argtypes: list[object]) -> None:
+        try:
+            f = getattr(lib, name)
+        except AttributeError as exc:
+            raise NativeLibraryError(
+                f"{lib._name}: missing symbol {name}: the bridge is older than this Python code; "
+                f"rebuild it with `native/build.sh`"
+            ) from exc
+        f.restype = restype
+        f.argtypes = argtypes
+
+    # void stt_params_default(stt_params *p);
+    fn("stt_params_default", None, [P(SttParams)])
+    # int32_t stt_params_size(void);
+    fn("stt_params_size", c_int32, [])
+    # stt_ctx *stt_create(const char *model_path, const stt_params *p,
+    #                     int32_t *status, char *err, int32_t err_len);
+    fn("stt_create", c_void_p, [c_char_p, P(SttParams), P(c_int32), c_char_p, c_int32])
+    # void stt_free(stt_ctx *c);
+    fn("stt_free", None, [c_void_p])
+    # int32_t stt_decode(stt_ctx *c, int32_t n_rows, const float *embd, const int32_t *pos,
+    #                    const int32_t *seq_id, const int8_t *output,
+    #                    float *hidden_out, float *logits_out);
+    # (pointers passed as addresses: numpy's .ctypes.data, or c_void_p objects)
+    fn(
+        "stt_decode",
+        c_int32,
+        [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p],
+    )
+    # int32_t stt_decode_ex(stt_ctx *c, int32_t n_rows, const float *embd, const int32_t *pos,
+    #                       const int32_t *seq_id, const int8_t *output,
+    #                       float *hidden_out, float *logits_out, int32_t out_capacity);
+    fn(
+        "stt_decode_ex",
+        c_int32,
+        [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int32],
+    )
+    # int32_t stt_set_logit_columns(stt_ctx *c, const int32_t *cols, int32_t n);
+    fn("stt_set_logit_columns", c_int32, [c_void_p, c_void_p, c_int32])
+    # int32_t stt_n_logit_columns(const stt_ctx *c);
+    fn("stt_n_logit_columns", c_int32, [c_void_p])
+    # int32_t stt_copy_logits_row(stt_ctx *c, int32_t i, float *dst);
+    fn("stt_copy_logits_row", c_int32, [c_void_p, c_int32, c_void_p])
+    # int32_t stt_seq_rm(stt_ctx *c, int32_t seq);
+    fn("stt_seq_rm", c_int32, [c_void_p, c_int32])
+    # int32_t stt_seq_pos_max(stt_ctx *c, int32_t seq, int32_t *pos_out);
+    fn("stt_seq_pos_max", c_int32, [c_void_p, c_int32, P(c_int32)])
+    # int32_t stt_memory_clear(stt_ctx *c);
+    fn("stt_memory_clear", c_int32, [c_void_p])
+    # int32_t stt_n_embd(const stt_ctx *c);   (and n_vocab, n_ctx, n_ctx_seq, n_seq_max,
+    #                                           n_batch, n_threads, has_threadpool alike)
+    for getter in (
+        "stt_n_embd",
+        "stt_n_vocab",
+        "stt_n_ctx",
+        "stt_n_ctx_seq",
+        "stt_n_seq_max",
+        "stt_n_batch",
+        "stt_n_threads",
+        "stt_has_threadpool",
+    ):
+        fn(getter, c_int32, [c_void_p])
+    # const char *stt_last_error(const stt_ctx *c);
+    fn("stt_last_error", c_char_p, [c_void_p])
+    # int32_t stt_llama_last_error(char *buf, int32_t len);
+    fn("stt_llama_last_error", c_int32, [c_char_p, c_int32])
+    # const char *stt_version(void);
+    fn("stt_version", c_char_p, [])
+    # void stt_set_log_forward(int32_t level);
+    fn("stt_set_log_forward", None, [c_int32])
+    # const char *stt_system_info(void);
+    fn("stt_system_info", c_char_p, [])
+
+
+# -- discovery ------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """The streamtts cache folder build.sh writes to."""
+    env = os.environ.get("STREAMTTS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "streamtts"
+
+
+def _variant_lib(variant: str) -> Path:
+    return cache_dir() / "native" / f"current-{variant}" / "lib" / BRIDGE_NAME
+
+
+def candidate_paths() -> list[tuple[str, Path]]:
+    """(variant, path) pairs to try, best first, following the environment."""
+    env = os.environ.get("STREAMTTS_BRIDGE_LIB")
+    if env:
+        return [("env", Path(env).expanduser())]
+    want = os.environ.get("STREAMTTS_CUDA", "")
+    if want == "1":
+        return [("cuda", _variant_lib("cuda"))]
+    if want == "0":
+        return [("cpu", _variant_lib("cpu"))]
+    return [("cuda", _variant_lib("cuda")), ("cpu", _variant_lib("cpu"))]
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NativeLibraryError(
+            f"cannot load the llama.cpp bridge {path}: {exc}; {BUILD_HINT}"
+        ) from exc
+    _declare(lib)
+    expected = ctypes.sizeof(SttParams)
+    got = int(lib.stt_params_size())
+    if got != expected:
+        raise NativeLibraryError(
+            f"{path}: stt_params is {got} bytes in the library but {expected} in streamtts/_llama.py; "
+            f"rebuild with `native/build.sh`"
+        )
+    return lib
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_lib_path: Path | None = None
+
+
+def open_bridge() -> tuple[ctypes.CDLL, Path]:
+    """Find and load the bridge following the environment (not cached; see load_bridge)."""
+    tried: list[str] = []
+    errors: list[NativeLibraryError] = []
+    for variant, path in candidate_paths():
+        if not path.is_file():
+            tried.append(f"{path} ({variant}: missing)")
+            continue
+        try:
+            return _open(path), path.resolve()
+        except NativeLibraryError as exc:
+            # e.g. a CUDA build on a machine without a usable driver: try the CPU build
+            tried.append(f"{path} ({variant}: {exc})")
+            errors.append(exc)
+            log.info(
+                "llama.cpp bridge %s (%s) did not load, trying the next one: %s", path, variant, exc
+            )
+    if len(errors) == 1 and len(tried) == 1:
+        raise errors[0]
+    raise NativeLibraryError(
+        "the llama.cpp bridge library is not built (looked for "
+        + "; ".join(tried)
+        + f"); {BUILD_HINT}"
+    )
+
+
+def load_bridge() -> ctypes.CDLL:
+    """Find, load and declare the bridge library once per process."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is None:
+            _lib, _lib_path = open_bridge()
+            log.info("llama.cpp bridge: %s - %s", _lib_path, bridge_version(_lib))
+        return _lib
+
+
+def loaded_path() -> Path | None:
+    """Path of the loaded bridge, None before load_bridge()."""
+    return _lib_path
+
+
+def bridge_version(lib: ctypes.CDLL | None = None) -> str:
+    lib = lib if lib is not None else load_bridge()
+    raw = lib.stt_version()
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
+def system_info() -> str:
+    raw = load_bridge().stt_system_info()
+    return raw.decode("utf-8", "replace") if raw else ""
+
+
+def set_llama_log(on: bool, debug: bool = False) -> None:
+    """Forward llama.cpp's own log lines (INFO and above; with debug, DEBUG too) to stderr
+    (config ``log_llama``). The default comes from ``STREAMTTS_LLAMA_LOG=1`` (or 2)."""
+    load_bridge().stt_set_log_forward(2 if on and debug else int(on))
+
+
+def llama_last_error() -> str:
+    """Last ERROR line llama.cpp logged in this process ('' if none)."""
+    buf = ctypes.create_string_buffer(1024)
+    load_bridge().stt_llama_last_error(buf, len(buf))
+    return buf.value.decode("utf-8", "replace")

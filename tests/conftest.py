@@ -1,0 +1,111 @@
+"""Shared pytest fixtures. Each area keeps its fixtures in its own marked section."""
+
+from __future__ import annotations
+
+# =====================================================================================
+# native layer: the llama.cpp bridge (native/build.sh) and tiny qwen3 GGUF models
+# =====================================================================================
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamtts import _llama
+from streamtts.backbone import Backbone, BackboneParams
+from streamtts.demo.gguf_writer import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+from streamtts.errors import NativeLibraryError
+
+TINY_SHAPE = Qwen3Shape(
+    n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_vocab=300
+)
+# big enough that one 512-row decode takes a noticeable time (GIL test)
+SMALL_SHAPE = Qwen3Shape(
+    n_embd=256, n_layer=4, n_head=8, n_head_kv=4, head_dim=32, n_ff=1024, n_vocab=512
+)
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    path: Path
+    shape: Qwen3Shape
+    # (n_vocab, n_embd) float32: the output layer as llama.cpp sees it (f16-rounded)
+    output: np.ndarray
+
+
+@pytest.fixture(scope="session")
+def bridge_lib() -> Any:
+    """The loaded bridge library; fails (never skips) with the build command when missing."""
+    try:
+        return _llama.load_bridge()
+    except NativeLibraryError as exc:
+        problem = str(exc)
+    pytest.fail(
+        f"{problem}\n\n    The native layer is not built: run `native/build.sh` first.",
+        pytrace=False,
+    )
+
+
+def _write_model(path: Path, shape: Qwen3Shape, seed: int) -> TinyModel:
+    tensors = random_qwen3_tensors(shape, seed)
+    rng = np.random.default_rng(seed + 1000)
+    output = (rng.standard_normal((shape.n_vocab, shape.n_embd), dtype=np.float32) * 0.1).astype(
+        np.float32
+    )
+    write_qwen3_gguf(path, shape, tensors, output=output)
+    return TinyModel(path=path, shape=shape, output=output.astype(np.float16).astype(np.float32))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """A 2-layer, 64-wide random qwen3 GGUF (f16) with a 300-row output layer."""
+    return _write_model(tmp_path_factory.mktemp("gguf") / "tiny-qwen3.gguf", TINY_SHAPE, seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """A 4-layer, 256-wide random qwen3 GGUF: slow enough to time a decode."""
+    return _write_model(tmp_path_factory.mktemp("gguf") / "small-qwen3.gguf", SMALL_SHAPE, seed=1)
+
+
+@pytest.fixture
+def make_backbone(bridge_lib: Any, tiny_gguf: TinyModel) -> Iterator[Any]:
+    """Factory: make_backbone(**BackboneParams overrides) -> Backbone on the tiny model, closed after."""
+    made: list[Backbone] = []
+
+    def make(**kw: Any) -> Backbone:
+        kw.setdefault("model_path", str(tiny_gguf.path))
+        kw.setdefault("n_ctx", 512)
+        kw.setdefault("n_batch", 64)
+        kw.setdefault("n_seq_max", 2)
+        kw.setdefault("n_threads", 1)  # robust when other jobs share the cores
+        b = Backbone(BackboneParams(**kw))
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
+
+
+# ============================== end of native layer section ==========================
+
+
+# =====================================================================================
+# demo model: the synthetic MOSS-TTS-Delay model (streamtts.demo), written once per session
+# =====================================================================================
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny demo model (seed 0) in the official layout; ``demo_model_dir / "config.yaml"``."""
+    from streamtts.demo.model import write_demo_model
+
+    root = tmp_path_factory.mktemp("demo-model")
+    write_demo_model(root, "tiny", seed=0)
+    return root
+
+
+# ============================== end of demo model section ============================
