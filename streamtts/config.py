@@ -113,6 +113,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_buffered_s: float = 20.0  # backpressure high-water mark (audio not yet consumed)
     resume_buffered_s: float = 10.0  # low-water mark
     codec_threads: int = 0  # ONNX Runtime intra-op threads for the codec (0 = default)
+    blas_threads: int = 1  # NumPy BLAS threads (audio heads); spinning BLAS threads fight llama.cpp's
     log_llama: bool = False  # forward llama.cpp's own log lines
 
     # where the file came from (not a YAML key)

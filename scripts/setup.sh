@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Install streamtts on a fresh Debian/Ubuntu machine: system packages, a virtual
+# environment in .venv with the package, and the llama.cpp bridge (cached outside
+# the repo, so a second run takes seconds).
+#
+#   bash scripts/setup.sh          # runtime (+ model writing, playback, download)
+#   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WITH_TEST=0
+for a in "$@"; do
+  case "$a" in
+    --test) WITH_TEST=1 ;;
+    *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+step() { echo "==> $*"; }
+trap 'echo "setup.sh: FAILED during: ${CURRENT:-start} (exit $?)" >&2' ERR
+
+# -- 1. system packages ------------------------------------------------------------------
+CURRENT="system packages"
+pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1)
+[ "$WITH_TEST" = 1 ] && pkgs+=(chromium)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  step "installing system packages: ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null; then SUDO="sudo"; else
+      echo "setup.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  step "system packages present"
+fi
+
+# -- 2. python environment ---------------------------------------------------------------
+CURRENT="python environment"
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  step "creating .venv with $($PY --version)"
+  $PY -m venv .venv
+fi
+extras="model,audio,hub"
+[ "$WITH_TEST" = 1 ] && extras="test"
+step "installing streamtts[$extras] into .venv"
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -c "import streamtts, numpy, onnxruntime, tokenizers" || { echo "setup.sh: python packages failed to install" >&2; exit 1; }
+
+# -- 3. llama.cpp + bridge -----------------------------------------------------------------
+CURRENT="native build"
+step "building llama.cpp and the streamtts bridge (cached)"
+PATH="$PWD/.venv/bin:$PATH" bash native/build.sh
+step "setup complete: activate with 'source .venv/bin/activate'"

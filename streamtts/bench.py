@@ -1,0 +1,180 @@
+"""``streamtts bench``: N concurrent streams of a fixed length, median/p95 numbers.
+
+A benchmark, not a test: it reports, it asserts nothing. ``--null-backbone``
+swaps llama.cpp for a zero-cost stand-in (same scheduler, heads, sampling and
+state machine) to measure the orchestration alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class NullBackbone:
+    """Zero-cost stand-in for the llama.cpp backbone (same interface as ``Backbone``)."""
+
+    def __init__(self, n_embd: int, n_ctx_seq: int, n_vocab: int = 151936, seed: int = 0) -> None:
+        self.n_embd = n_embd
+        self.n_ctx_seq = n_ctx_seq
+        self.n_vocab = n_vocab
+        self._hidden_src = np.random.default_rng(seed).standard_normal((64, n_embd)).astype(np.float32)
+        self._bufs: tuple[Any, ...] = ()
+
+    def bind(self, embd: Any, pos: Any, seq: Any, output: Any, hidden_out: Any, logits_out: Any) -> None:
+        self._bufs = (embd, pos, seq, output, hidden_out, logits_out)
+
+    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+        _, pos, _, output, hidden, logits = self._bufs
+        sel = np.flatnonzero(output[:n_rows])
+        n = sel.size
+        if n == 0:
+            return 0
+        o = slice(out_offset, out_offset + n)
+        if want_hidden and hidden is not None:
+            np.take(self._hidden_src, pos[sel] % 64, axis=0, out=hidden[o])
+        logits[o] = 0.0
+        return n
+
+    def copy_logits_row(self, i: int, out: np.ndarray) -> None:
+        out[:] = 0.0
+
+    def seq_rm(self, seq: int) -> None:
+        pass
+
+    def set_logit_columns(self, cols: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def null_backbone_factory(params: Any) -> NullBackbone:
+    """Build a NullBackbone shaped like the model the params point at."""
+    from pathlib import Path
+
+    from .runtime import gguf_n_embd
+
+    return NullBackbone(gguf_n_embd(Path(params.model_path)), params.n_ctx // max(params.n_seq_max, 1))
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(np.asarray(values), q))
+
+
+async def _one(engine: Any, text: str, frames: int, seed: int) -> dict[str, Any]:
+    from .request import StreamOptions
+
+    s = engine.stream(text, options=StreamOptions(seed=seed, fixed_frames=frames))
+    n = 0
+    async with s:
+        async for chunk in s:
+            n += len(chunk.frames)
+    d = s.stats.as_dict()
+    d["frames_received"] = n
+    return d
+
+
+async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> dict[str, Any]:
+    t0 = time.monotonic()
+    results = await asyncio.gather(*(_one(engine, text, frames, 1000 + i) for i in range(concurrency)))
+    wall = time.monotonic() - t0
+    total = sum(r["frames_received"] for r in results)
+    ttfa = [r["ttfa_ms"] for r in results]
+    rtf = [r["rtf"] for r in results]
+    return {
+        "concurrency": concurrency,
+        "frames_per_stream": frames,
+        "wall_s": round(wall, 3),
+        "aggregate_frames_per_s": round(total / wall, 2),
+        "ttfa_ms_p50": round(_pct(ttfa, 50), 2),
+        "ttfa_ms_p95": round(_pct(ttfa, 95), 2),
+        "rtf_p50": round(_pct(rtf, 50), 4),
+        "rtf_p95": round(_pct(rtf, 95), 4),
+        "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
+        "realtime_streams": sum(1 for r in rtf if r < 1.0),
+    }
+
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from .engine import Engine
+
+    levels = sorted(set(args.concurrency))
+    engine = Engine.from_config(
+        args.config,
+        max_streams=max(levels),
+        n_threads=args.n_threads,
+        decode_context_frames=args.context_frames,
+    )
+    if args.null_backbone:
+        engine.backbone_factory = null_backbone_factory
+    out: dict[str, Any] = {"levels": [], "machine": platform.machine(), "null_backbone": bool(args.null_backbone)}
+    async with engine:
+        out["engine"] = engine.info
+        await run_level(engine, 1, 40, args.text)  # warm-up
+        for n in levels:
+            for _ in range(args.repeat):
+                res = await run_level(engine, n, args.frames, args.text)
+                out["levels"].append(res)
+                log.info("concurrency %d: %s", n, res)
+        out["step_profile_ms"] = engine.step_profile()
+    base = next((lv for lv in out["levels"] if lv["concurrency"] == 1), None)
+    if base:
+        for lv in out["levels"]:
+            lv["throughput_vs_1"] = round(lv["aggregate_frames_per_s"] / base["aggregate_frames_per_s"], 2)
+            lv["ttfa_p95_vs_1"] = round(lv["ttfa_ms_p95"] / base["ttfa_ms_p95"], 2)
+    return out
+
+
+def print_table(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="streamtts bench" + (" (zero-cost backbone)" if res["null_backbone"] else ""))
+    cols = [
+        "concurrency", "aggregate_frames_per_s", "throughput_vs_1", "ttfa_ms_p50", "ttfa_ms_p95",
+        "ttfa_p95_vs_1", "rtf_p50", "rtf_p95", "ms_per_step_p50", "realtime_streams",
+    ]
+    for c in cols:
+        t.add_column(c.replace("_", " "), justify="right")
+    for lv in res["levels"]:
+        t.add_row(*(str(lv.get(c, "")) for c in cols))
+    Console().print(t)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmark N concurrent fixed-length streams (median / p95)")
+    p.add_argument("--config", help="YAML config; default: the demo model")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1], help="levels, e.g. 1 2 4 8")
+    p.add_argument("--frames", type=int, default=50, help="audio frames per stream (12.5 per second)")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--text", default="The quick brown fox jumps over the lazy dog.")
+    p.add_argument("--n-threads", type=int)
+    p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames)")
+    p.add_argument("--null-backbone", action="store_true", help="zero-cost backbone: orchestration only")
+    p.add_argument("--json", help="also write the results as JSON to this file")
+    p.set_defaults(handler=_main)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    res = await run_bench(args)
+    print_table(res)
+    text = json.dumps(res, indent=2)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0

@@ -1,0 +1,269 @@
+"""The asyncio front end: ``Engine.stream()`` and ``Engine.synthesize()``.
+
+The front end only hands data out. Model loading and request preparation run
+on worker threads, generation on the engine thread, codec decoding on the
+decode thread. Leaving an ``async for`` early, ``aclose()``, or cancelling the
+consuming task becomes an abort: the engine frees the stream's slot and KV
+cache before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from .config import EngineConfig, SamplingParams, load_config
+from .errors import EngineClosedError, OverloadedError
+from .prepare import Preparer, ReferenceLike, Voice
+from .request import AudioChunk, StreamOptions, StreamStats
+from .sink import StreamSink
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AudioChunk", "AudioStream", "Engine", "Synthesis", "Voice"]
+
+
+@dataclass(slots=True)
+class Synthesis:
+    """A whole utterance: waveform, de-delayed codes and the stream's numbers."""
+
+    pcm: np.ndarray
+    codes: np.ndarray
+    stats: StreamStats
+
+
+class AudioStream:
+    """One request's audio, as an async iterator of :class:`AudioChunk`.
+
+    Breaking out of ``async for`` drops the last reference and aborts the
+    request at once (``__del__``); cancelling the consuming task or
+    ``aclose()`` aborts too; ``async with engine.stream(...) as s`` makes it
+    explicit. The generation is not started until the first ``__anext__``.
+    """
+
+    def __init__(self, engine: Engine, text: str, reference: ReferenceLike, options: StreamOptions) -> None:
+        self._engine = engine
+        self.rid = next(engine._rids)
+        self.stats = StreamStats(t_submit=time.monotonic())
+        self._text = text
+        self._reference = reference
+        self._options = options
+        self._sink: StreamSink | None = None
+        self._done = False
+
+    def __aiter__(self) -> AudioStream:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._sink is None:
+                await self._start()
+            assert self._sink is not None
+            item = await self._sink.get()
+        except BaseException:  # CancelledError, or preparation failed
+            self._abort()
+            raise
+        if item is None:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    async def _start(self) -> None:
+        engine = self._engine
+        core = engine._require_started()
+        if core.queued_streams >= engine.config.queue_size:
+            raise OverloadedError(
+                f"all {core.capacity} stream slots are busy and {core.queued_streams} requests are waiting"
+            )
+        sink = StreamSink(asyncio.get_running_loop(), self.stats)
+        req = await asyncio.to_thread(
+            engine._preparer.prepare, self.rid, self._text, self._reference, self._options, sink, self.stats
+        )
+        self._sink = sink
+        core.submit(req)
+
+    async def __aenter__(self) -> AudioStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._abort()
+
+    def _abort(self) -> None:
+        if not self._done:
+            self._done = True
+            if self._sink is not None:
+                self._sink.cancelled = True
+                self._engine._abort(self.rid)
+
+    def __del__(self) -> None:  # the consumer dropped the stream without finishing it
+        if not getattr(self, "_done", True):
+            self._abort()
+
+
+class Engine:
+    """Loads the model once and serves streams from it.
+
+    ``Engine.from_config()`` with no argument uses the synthetic demo model
+    (written on first use into the user's cache directory).
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config.validate()
+        self._rids = itertools.count(1)
+        self._core: Any = None
+        self._decoder: Any = None
+        self._backbone: Any = None
+        self._preparer: Preparer = None  # type: ignore[assignment]
+        self._closed = False
+        self.info: dict[str, Any] = {}
+        # Tests and the orchestration benchmark swap llama.cpp for a stand-in here.
+        self.backbone_factory: Any = None
+
+    @classmethod
+    def from_config(cls, config: str | Path | EngineConfig | None = None, **overrides: Any) -> Engine:
+        if isinstance(config, EngineConfig):
+            cfg = config
+            for k, v in overrides.items():
+                if v is not None:
+                    setattr(cfg, k, v)
+            return cls(cfg.validate())
+        if config is None:
+            from .demo.model import ensure_demo_model
+
+            config = ensure_demo_model()
+            log.info("no config given: using the synthetic demo model at %s", Path(config).parent)
+        return cls(load_config(config, **overrides))
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> Engine:
+        if self._core is None:
+            await asyncio.to_thread(self._load)
+        return self
+
+    async def __aenter__(self) -> Engine:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Stop the threads and free native memory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._core is not None:
+            self._core.stop()
+        if self._decoder is not None:
+            self._decoder.close()
+        if self._backbone is not None:
+            self._backbone.close()
+
+    def load(self) -> Engine:
+        """Blocking load, for synchronous callers."""
+        if self._core is None:
+            self._load()
+        return self
+
+    def _load(self) -> None:
+        from .runtime import build_runtime
+
+        rt = build_runtime(self.config, self.backbone_factory)
+        self._backbone = rt.backbone
+        self._decoder = rt.decoder
+        self._core = rt.core
+        self._preparer = rt.preparer
+        self.info = rt.info
+        self.ids = rt.ids
+
+    def _require_started(self) -> Any:
+        if self._closed:
+            raise EngineClosedError("engine is closed")
+        if self._core is None:
+            raise EngineClosedError("engine not started: use `async with Engine.from_config(...)` or `await engine.start()`")
+        return self._core
+
+    def _abort(self, rid: int) -> None:
+        if self._core is not None and not self._closed:
+            self._core.abort(rid)
+
+    # -- requests -----------------------------------------------------------------------------
+    def stream(
+        self,
+        text: str,
+        *,
+        reference: ReferenceLike = None,
+        language: str | None = None,
+        seed: int | None = None,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int | None = None,
+        options: StreamOptions | None = None,
+    ) -> AudioStream:
+        """Stream speech for ``text``: chunks arrive as soon as frames are decoded.
+
+        ``options`` carries every setting; the keyword shortcuts override it.
+        """
+        opts = options or StreamOptions()
+        short = {"language": language, "seed": seed, "sampling": sampling, "max_new_tokens": max_new_tokens}
+        changes = {k: v for k, v in short.items() if v is not None}
+        if changes:
+            import msgspec
+
+            opts = msgspec.structs.replace(opts, **changes)
+        return AudioStream(self, text, reference, opts)
+
+    async def generate(self, text: str, **kwargs: Any) -> Synthesis:
+        """The whole utterance at once (same path as :meth:`stream`)."""
+        s = self.stream(text, **kwargs)
+        pcm: list[np.ndarray] = []
+        codes: list[np.ndarray] = []
+        async with s:
+            async for chunk in s:
+                pcm.append(chunk.pcm)
+                codes.append(chunk.codes)
+        n_vq = self.ids.n_vq
+        return Synthesis(
+            pcm=np.concatenate(pcm) if pcm else np.zeros(0, np.float32),
+            codes=np.concatenate(codes) if codes else np.zeros((0, n_vq), np.int64),
+            stats=s.stats,
+        )
+
+    async def synthesize(self, text: str, **kwargs: Any) -> np.ndarray:
+        return (await self.generate(text, **kwargs)).pcm
+
+    async def encode_voice(self, reference: str | Path | bytes | np.ndarray, sample_rate: int | None = None, name: str = "") -> Voice:
+        """Encode a reference clip once; pass the Voice as ``reference`` to later requests."""
+        self._require_started()
+        return await asyncio.to_thread(self._preparer.encode_voice, reference, sample_rate, name)
+
+    # -- introspection --------------------------------------------------------------------------
+    @property
+    def active_streams(self) -> int:
+        return 0 if self._core is None else int(self._core.active_streams)
+
+    @property
+    def queued_streams(self) -> int:
+        return 0 if self._core is None else int(self._core.queued_streams)
+
+    def step_profile(self) -> dict[str, float]:
+        return {} if self._core is None else dict(self._core.profile.per_step_ms())

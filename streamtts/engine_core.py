@@ -1,0 +1,511 @@
+"""The engine loop: one thread, ``schedule -> execute -> update`` every tick.
+
+Each tick advances every running stream by one step in a single backbone
+call (one embedding row per stream, its own sequence id and position), runs
+the audio heads for all of them in one matmul, samples and advances the delay
+state machines vectorised over the batch, and routes the frames that became
+complete to the decode thread. A joining stream's prompt is prefilled in
+chunks between ticks so it never freezes the others.
+
+Only this thread touches the backbone. The asyncio side talks to it through a
+command queue (submit / abort) and receives audio through each stream's sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .config import EngineConfig
+from .decoding import DecodeJob, DecodeWorker
+from .errors import EngineClosedError, GenerationError, QueueTimeoutError
+from .frames import FrameAssembler
+from .request import FRAME_RATE, PreparedRequest
+from .state import DelayStates
+from .tokens import TokenIds
+from .weights import AudioHeads, Embedder
+
+log = logging.getLogger(__name__)
+
+FRAME_S = 1.0 / FRAME_RATE
+_NEG_INF = np.float32(-np.inf)
+
+
+class BackboneLike(Protocol):
+    """What the loop needs from a backbone (the real one, or the zero-cost stand-in)."""
+
+    n_embd: int
+    n_ctx_seq: int
+
+    def bind(
+        self,
+        embd: np.ndarray,
+        pos: np.ndarray,
+        seq: np.ndarray,
+        output: np.ndarray,
+        hidden_out: np.ndarray | None,
+        logits_out: np.ndarray | None,
+    ) -> None: ...
+
+    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int: ...
+
+    def seq_rm(self, seq: int) -> None: ...
+
+
+@dataclass
+class StepProfile:
+    """Cumulative wall time per stage of the step path (seconds)."""
+
+    ticks: int = 0
+    rows: int = 0
+    embed: float = 0.0
+    backbone: float = 0.0
+    heads: float = 0.0
+    sampling: float = 0.0
+    other: float = 0.0
+    prefill: float = 0.0
+    prefill_rows: int = 0
+
+    def per_step_ms(self) -> dict[str, float]:
+        n = max(self.ticks, 1)
+        return {k: 1000.0 * getattr(self, k) / n for k in ("embed", "backbone", "heads", "sampling", "other")}
+
+
+@dataclass(eq=False)
+class _Slot:
+    req: PreparedRequest
+    fed: int = 0  # prompt rows already in the KV cache
+    running: bool = False  # prefill done, stepping
+    paused: bool = False  # backpressure
+    frames_sent: int = 0  # frames handed to the decode thread
+    pending: list[np.ndarray] = field(default_factory=list)
+    pending_first: int = 0
+    chunk_index: int = 0
+    t_first_emit: float = 0.0
+
+
+class EngineCore:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        ids: TokenIds,
+        backbone: BackboneLike,
+        embedder: Embedder | None,
+        heads: AudioHeads | None,
+        decoder: DecodeWorker,
+        *,
+        fused_heads: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.ids = ids
+        self.backbone = backbone
+        self.embedder = embedder
+        self.heads = heads
+        self.decoder = decoder
+        self.fused = fused_heads
+        cap = cfg.max_streams
+        self.capacity = cap
+        k = ids.n_vq
+        a = ids.audio_rows
+        h = backbone.n_embd
+        self.n_ctx_seq = backbone.n_ctx_seq
+        self.states = DelayStates(cap, ids)
+        self.assembler = FrameAssembler(cap, k, ids.audio_pad_code)
+        rows_max = max(cfg.n_batch, cap)
+        self.max_prefill = max(1, min(cfg.prefill_chunk, cfg.n_batch))
+        # Persistent buffers bound once to the backbone (the hot path allocates nothing).
+        self.embd = np.zeros((rows_max, h), dtype=np.float32)
+        self.pos = np.zeros(rows_max, dtype=np.int32)
+        self.seq = np.zeros(rows_max, dtype=np.int32)
+        self.outf = np.zeros(rows_max, dtype=np.int8)
+        n_cols = 2 + (k * a if fused_heads else 0)
+        # Output rows: one per running stream plus one per prompt completed this tick.
+        self.logits = np.zeros((2 * cap, n_cols), dtype=np.float32)
+        self.hidden = None if fused_heads else np.zeros((2 * cap, h), dtype=np.float32)
+        self.audio_buf = np.zeros((2 * cap, k * a), dtype=np.float32)
+        backbone.bind(self.embd, self.pos, self.seq, self.outf, self.hidden, self.logits)
+        self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
+        self._rows = np.zeros((cap, 1 + k), dtype=np.int64)
+        self._out = np.zeros((2 * cap, 1 + k), dtype=np.int64)
+        self.kv_pos = np.zeros(cap, dtype=np.int32)
+        self.steps = np.zeros(cap, dtype=np.int64)
+        self.max_new = np.zeros(cap, dtype=np.int64)
+        self.fixed = np.full(cap, -1, dtype=np.int64)
+        self._empty = np.zeros((0, k), dtype=np.int64)
+        self.slots: list[_Slot | None] = [None] * cap
+        self.waiting: deque[PreparedRequest] = deque()
+        self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="streamtts-engine", daemon=True)
+        self._stopping = False
+        self._run_cache: np.ndarray | None = None
+        self.profile = StepProfile()
+        self.chunk_frames = list(cfg.chunk_frames)
+        self.tick_s = 0.0  # moving average of the tick time (for the chunk policy)
+        self.decode_margin_s = 0.05  # time allowed for a decode window to reach the listener
+
+    # -- front-end API (any thread) -------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, req: PreparedRequest) -> None:
+        if self._stopping:
+            raise EngineClosedError("engine is closed")
+        self._commands.put(("submit", req))
+
+    def abort(self, rid: int) -> None:
+        self._commands.put(("abort", rid))
+
+    def stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._commands.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def active_streams(self) -> int:
+        return sum(s is not None for s in self.slots)
+
+    @property
+    def queued_streams(self) -> int:
+        return len(self.waiting)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                idle = self.active_streams == 0
+                if not self._drain_commands(block=idle):
+                    break
+                self._expire_waiting()
+                self._admit()
+                if self.active_streams:
+                    self._tick()
+        except BaseException:  # pragma: no cover - a bug; make it loud and fail every stream
+            log.exception("engine loop crashed")
+            self._fail_all(GenerationError("engine loop crashed; see the log"))
+            raise
+        finally:
+            self._fail_all(EngineClosedError("engine closed"))
+
+    def _drain_commands(self, block: bool) -> bool:
+        while True:
+            try:
+                if block:
+                    timeout = 0.5 if self.waiting else None
+                    cmd, arg = self._commands.get(timeout=timeout)
+                    block = False
+                else:
+                    cmd, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if cmd == "submit":
+                assert isinstance(arg, PreparedRequest)
+                self.waiting.append(arg)
+            elif cmd == "abort":
+                self._abort(int(arg))  # type: ignore[call-overload]
+            elif cmd == "stop":
+                return False
+
+    def _expire_waiting(self) -> None:
+        now = time.monotonic()
+        limit = self.cfg.queue_timeout_s
+        while self.waiting and now - self.waiting[0].stats.t_submit > limit:
+            req = self.waiting.popleft()
+            err = QueueTimeoutError(f"no stream slot became free within {limit:g} s (all {self.capacity} busy)")
+            self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+
+    def _admit(self) -> None:
+        while self.waiting and None in self.slots:
+            req = self.waiting.popleft()
+            if req.sink.cancelled:
+                continue
+            slot = self.slots.index(None)
+            self.slots[slot] = _Slot(req)
+            req.stats.t_admitted = time.monotonic()
+            req.stats.prompt_rows = req.prompt.shape[0]
+            self.states.reset(slot, req.prompt, req.sampling, req.seed)
+            self.assembler.reset(slot)
+            self.kv_pos[slot] = 0
+            self.steps[slot] = 0
+            self.max_new[slot] = req.max_new_tokens
+            self.fixed[slot] = -1 if req.fixed_frames is None else req.fixed_frames
+            self._run_cache = None
+
+    def _abort(self, rid: int) -> None:
+        for i, s in enumerate(self.slots):
+            if s is not None and s.req.rid == rid:
+                s.req.stats.finish_reason = "cancelled"
+                self._free(i, DecodeJob(rid, s.req.sink, self._empty, 0, 0, drop=True))
+                return
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                return
+
+    def _free(self, slot: int, final: DecodeJob) -> None:
+        s = self.slots[slot]
+        self.slots[slot] = None
+        self._run_cache = None
+        try:
+            self.backbone.seq_rm(slot)
+        except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
+            log.exception("could not free KV cache of slot %d", slot)
+        if s is not None:
+            self.decoder.submit(final)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for i, s in enumerate(self.slots):
+            if s is not None:
+                self._free(i, DecodeJob(s.req.rid, s.req.sink, self._empty, 0, 0, error=err))
+        while self.waiting:
+            req = self.waiting.popleft()
+            self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+
+    # -- one tick ---------------------------------------------------------------------------
+    def _tick(self) -> None:
+        """Step every running stream, prefill a chunk of joining prompts, then sample all."""
+        t0 = time.perf_counter()
+        run = self._running()
+        b = run.size
+        if b and not self._decode_run(run):
+            run, b = _NO_SLOTS, 0
+        fin = self._prefill(out_offset=b)
+        slots = run if fin.size == 0 else np.concatenate([run, fin])
+        if not slots.size:
+            return
+        try:
+            self._sample(slots, t0)
+        except Exception as exc:
+            log.exception("sampling failed for %d streams", slots.size)
+            self._fail_slots(slots, "generation step failed", exc)
+
+    def _running(self) -> np.ndarray:
+        """Slots to step this tick: prefilled and not paused by backpressure."""
+        changed = False
+        hi, lo = self.cfg.max_buffered_s, self.cfg.resume_buffered_s
+        for s in self.slots:
+            if s is None or not s.running:
+                continue
+            b = s.req.sink.buffered_s()
+            if s.paused and b < lo:
+                s.paused, changed = False, True
+            elif not s.paused and b > hi:
+                s.paused, changed = True, True
+        if changed or self._run_cache is None:
+            self._run_cache = np.array(
+                [i for i, s in enumerate(self.slots) if s is not None and s.running and not s.paused],
+                dtype=np.int64,
+            )
+        return self._run_cache
+
+    def _fail_slots(self, slots: np.ndarray, what: str, exc: BaseException) -> None:
+        for slot in slots.tolist():
+            s = self.slots[slot]
+            if s is not None:
+                err = GenerationError(f"{what}: {exc}")
+                err.__cause__ = exc
+                s.req.stats.finish_reason = "error"
+                self._free(slot, DecodeJob(s.req.rid, s.req.sink, self._empty, 0, 0, error=err))
+
+    def _decode_run(self, run: np.ndarray) -> bool:
+        """One backbone call with one row per running stream; outputs land in rows [0, B)."""
+        prof = self.profile
+        b = run.size
+        t0 = time.perf_counter()
+        rows = self._rows[:b]
+        np.take(self.next_rows, run, axis=0, out=rows)
+        if self.embedder is not None:
+            self.embedder(rows, out=self.embd[:b])
+        self.pos[:b] = self.kv_pos[run]
+        self.seq[:b] = run
+        self.outf[:b] = 1
+        t1 = time.perf_counter()
+        try:
+            self.backbone.decode_bound(b, not self.fused, 0)
+        except Exception as exc:
+            log.exception("backbone step failed for %d streams", b)
+            self._fail_slots(run, "backbone step failed", exc)
+            return False
+        self.kv_pos[run] += 1
+        prof.embed += t1 - t0
+        prof.backbone += time.perf_counter() - t1
+        return True
+
+    def _prefill(self, out_offset: int) -> np.ndarray:
+        """Feed up to ``prefill_chunk`` prompt rows of joining streams.
+
+        A prompt's last row is output (its hidden state / logits give the stream's
+        first step), written to output rows starting at ``out_offset``. A prompt that
+        fits one chunk is fed in one call, as the official pipeline does, so greedy
+        codes match it bit for bit. Returns the slots whose prompt completed.
+        """
+        budget = self.max_prefill
+        n = 0
+        parts: list[tuple[int, _Slot, int]] = []
+        fin: list[int] = []
+        for slot, s in enumerate(self.slots):
+            if s is None or s.running or budget == 0:
+                continue
+            total = s.req.prompt.shape[0]
+            take = min(total - s.fed, budget)
+            self.embd[n : n + take] = s.req.prompt_embd[s.fed : s.fed + take]
+            self.pos[n : n + take] = np.arange(s.fed, s.fed + take, dtype=np.int32)
+            self.seq[n : n + take] = slot
+            self.outf[n : n + take] = 0
+            if s.fed + take == total:
+                self.outf[n + take - 1] = 1
+                fin.append(slot)
+            parts.append((slot, s, take))
+            n += take
+            budget -= take
+        if not n:
+            return _NO_SLOTS
+        t0 = time.perf_counter()
+        try:
+            self.backbone.decode_bound(n, bool(fin) and not self.fused, out_offset)
+        except Exception as exc:
+            log.exception("prefill failed")
+            self._fail_slots(np.array([p[0] for p in parts]), "prompt prefill failed", exc)
+            return _NO_SLOTS
+        self.profile.prefill += time.perf_counter() - t0
+        self.profile.prefill_rows += n
+        now = time.monotonic()
+        for slot, s, take in parts:
+            s.fed += take
+            self.kv_pos[slot] += take
+            if s.fed == s.req.prompt.shape[0]:
+                s.running = True
+                s.req.stats.t_prefilled = now
+                self._run_cache = None
+        return np.asarray(fin, dtype=np.int64)
+
+    def _sample(self, slots: np.ndarray, t_tick: float) -> None:
+        """Heads, sampling and state for output rows [0, len(slots)), then route frames."""
+        prof = self.profile
+        b = slots.size
+        t2 = time.perf_counter()
+        if self.fused:
+            audio = self.logits[:b, 2:].reshape(b, self.ids.n_vq, self.ids.audio_rows)
+        else:
+            assert self.heads is not None and self.hidden is not None
+            audio = self.heads(self.hidden[:b], self.audio_buf)
+        t3 = time.perf_counter()
+        pair = self.logits[:b, :2]
+        self._force_fixed(slots, pair)
+        out = self.states.step(slots, pair, audio, self._full_text_logits, self._out[:b])
+        t4 = time.perf_counter()
+        self.steps[slots] += 1
+        self.next_rows[slots] = out
+        frames, ready, index = self.assembler.push(slots, out[:, 1:])
+        self._route(slots, frames, ready, index)
+        t5 = time.perf_counter()
+        prof.ticks += 1
+        prof.rows += b
+        prof.heads += t3 - t2
+        prof.sampling += t4 - t3
+        prof.other += t5 - t4
+        tick_s = t5 - t_tick
+        self.tick_s += 0.1 * (tick_s - self.tick_s)
+        for slot in slots.tolist():
+            s = self.slots[slot]
+            if s is not None:
+                s.req.stats.steps += 1
+                s.req.stats.step_s += tick_s
+
+    def _force_fixed(self, run: np.ndarray, pair: np.ndarray) -> None:
+        fx = self.fixed[run]
+        if fx.max(initial=-1) < 0:
+            return
+        st = self.steps[run]
+        on = fx >= 0
+        pair[on & (st < fx - 1), 1] = _NEG_INF  # keep talking
+        pair[on & (st >= fx - 1), 0] = _NEG_INF  # then end speech
+
+    def _full_text_logits(self, i: int) -> np.ndarray:
+        """Full text-head logits of output row ``i``: rare, only outside audio mode."""
+        if self.heads is None or self.hidden is None:
+            raise GenerationError("text mode needs the full text head, which the fused GGUF does not hold")
+        return self.heads.text_logits(self.hidden[i])
+
+    def _route(self, run: np.ndarray, frames: np.ndarray, ready: np.ndarray, index: np.ndarray) -> None:
+        """Hand finished frames to the decode thread and close finished streams."""
+        n_vq = self.ids.n_vq
+        st = self.states
+        done = (
+            st.is_stopping[run]
+            | (st.delayed_length[run] == n_vq)  # last frame complete; next row is <|audio_end|>
+            | (self.steps[run] >= self.max_new[run])
+            | (self.kv_pos[run] >= self.n_ctx_seq)
+        )
+        now = time.monotonic()
+        for i in np.flatnonzero(ready | done).tolist():
+            slot = int(run[i])
+            s = self.slots[slot]
+            assert s is not None
+            if ready[i]:
+                if not s.pending:
+                    s.pending_first = int(index[i])
+                s.pending.append(frames[i].copy())
+            if done[i]:
+                s.req.stats.finish_reason = self._finish_reason(slot)
+                self._emit(slot, s, now, last=True)
+                self._free_finished(slot)
+            elif s.pending and self._due(s, now):
+                self._emit(slot, s, now, last=False)
+
+    def _due(self, s: _Slot, now: float) -> bool:
+        """Send the pending frames now? At the chunk target, or before a listener would run dry.
+
+        A real-time listener started at the first chunk has ``slack`` seconds of
+        audio left; waiting for a full chunk costs the remaining frames' ticks plus
+        a decode, so send early when that would exhaust the slack.
+        """
+        target = self.chunk_frames[min(s.chunk_index, len(self.chunk_frames) - 1)]
+        missing = target - len(s.pending)
+        if missing <= 0:
+            return True
+        slack = s.t_first_emit + s.frames_sent * FRAME_S - now
+        return slack < missing * self.tick_s + self.decode_margin_s
+
+    def _emit(self, slot: int, s: _Slot, now: float, last: bool) -> None:
+        codes = np.stack(s.pending) if s.pending else self._empty
+        n = codes.shape[0]
+        if n == 0 and not last:
+            return
+        if s.frames_sent == 0 and n:
+            s.t_first_emit = now
+        s.req.stats.frames += n
+        self.decoder.submit(
+            DecodeJob(s.req.rid, s.req.sink, codes, s.pending_first, int(self.steps[slot]) - 1, is_last=last)
+        )
+        s.frames_sent += n
+        s.chunk_index += 1
+        s.pending = []
+
+    def _finish_reason(self, slot: int) -> str:
+        if self.states.is_stopping[slot]:
+            return "stop"
+        if self.states.delayed_length[slot] == self.ids.n_vq:
+            return "audio_end"
+        if self.steps[slot] >= self.max_new[slot]:
+            return "max_new_tokens"
+        return "context_full"
+
+    def _free_finished(self, slot: int) -> None:
+        self.slots[slot] = None
+        self._run_cache = None
+        try:
+            self.backbone.seq_rm(slot)
+        except Exception:  # pragma: no cover
+            log.exception("could not free KV cache of slot %d", slot)
+
+
+_NO_SLOTS = np.zeros(0, dtype=np.int64)

@@ -1,0 +1,146 @@
+"""Turn a request into prompt rows and their embeddings (off the engine thread).
+
+Runs on a worker thread: text normalisation, tokenising, reference-voice
+encoding and the prompt's summed embeddings, so the engine thread only ever
+sees ready matrices.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .codec import AudioEncoder
+from .config import EngineConfig, SamplingParams
+from .errors import InputError, PromptTooLongError, ReferenceAudioError
+from .normalize import normalize_text
+from .prompt import PromptSpec, TextTokenizer, build_prompt
+from .reference import encode_reference, load_reference
+from .request import PreparedRequest, StreamOptions, StreamStats
+from .tokens import TokenIds
+from .weights import Embedder
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 20000
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """An encoded reference voice: (T, n_vq) codes, reusable across requests."""
+
+    codes: np.ndarray
+    name: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.codes.shape[0] * 0.08
+
+
+ReferenceLike = Voice | str | Path | bytes | np.ndarray | None
+
+
+class Preparer:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        ids: TokenIds,
+        tokenizer: TextTokenizer,
+        embedder: Embedder,
+        encoder_factory: Callable[[], AudioEncoder],
+        n_ctx_seq: int,
+    ) -> None:
+        self.cfg = cfg
+        self.ids = ids
+        self.tokenizer = tokenizer
+        self.embedder = embedder
+        self._encoder_factory = encoder_factory
+        self._encoder: AudioEncoder | None = None
+        self._encoder_lock = threading.Lock()
+        self.n_ctx_seq = n_ctx_seq
+
+    # -- reference voices -----------------------------------------------------------------
+    def encoder(self) -> AudioEncoder:
+        with self._encoder_lock:  # loaded on first use: most requests never need it
+            if self._encoder is None:
+                self._encoder = self._encoder_factory()
+            return self._encoder
+
+    def encode_voice(self, reference: str | Path | bytes | np.ndarray, sample_rate: int | None = None, name: str = "") -> Voice:
+        wav = load_reference(reference, sample_rate)
+        codes = encode_reference(self.encoder(), wav)
+        if codes.ndim != 2 or codes.shape[1] != self.ids.n_vq or codes.shape[0] == 0:
+            raise ReferenceAudioError(f"the encoder returned codes of shape {codes.shape}, expected (T, {self.ids.n_vq})")
+        return Voice(codes=codes, name=name)
+
+    def _reference_codes(self, reference: ReferenceLike) -> np.ndarray | None:
+        if reference is None:
+            return None
+        if isinstance(reference, Voice):
+            return reference.codes
+        return self.encode_voice(reference).codes
+
+    # -- prompt -----------------------------------------------------------------------------
+    def prepare(
+        self, rid: int, text: str, reference: ReferenceLike, options: StreamOptions, sink: Any, stats: StreamStats
+    ) -> PreparedRequest:
+        t0 = time.monotonic()
+        if not isinstance(text, str):
+            raise InputError(f"text must be a string, got {type(text).__name__}")
+        if len(text) > MAX_TEXT_CHARS:
+            raise InputError(f"text is {len(text)} characters; the limit per request is {MAX_TEXT_CHARS}")
+        normalize = self.cfg.normalize_text if options.normalize is None else options.normalize
+        clean = normalize_text(text) if normalize else text
+        if not clean.strip():
+            raise InputError("text is empty" + (" after normalisation" if text.strip() else ""))
+        sampling = (options.sampling or self.cfg.sampling).validate()
+        if options.tokens is not None and options.tokens < 1:
+            raise InputError(f"tokens (duration in frames) must be >= 1, got {options.tokens}")
+        if options.max_new_tokens is not None and options.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
+        if options.fixed_frames is not None and options.fixed_frames < 1:
+            raise InputError(f"fixed_frames must be >= 1, got {options.fixed_frames}")
+        ref = self._reference_codes(reference)
+        spec = PromptSpec(
+            text=clean,
+            reference_codes=ref,
+            instruction=options.instruction,
+            tokens=options.tokens,
+            quality=options.quality,
+            language=options.language,
+        )
+        prompt = build_prompt(self.tokenizer, self.ids, spec)
+        rows = prompt.shape[0]
+        room = self.n_ctx_seq - rows + 1  # steps that fit after the prompt
+        if room < self.ids.n_vq:
+            ref_s = f", reference voice {ref.shape[0] * 0.08:.1f} s" if ref is not None else ""
+            raise PromptTooLongError(
+                f"prompt is {rows} rows (text {len(clean)} chars{ref_s}); the first audio frame needs "
+                f"{self.ids.n_vq} more steps, but the per-stream context n_ctx is {self.n_ctx_seq}: "
+                "shorten the text or reference, or raise n_ctx"
+            )
+        max_new = min(options.max_new_tokens or self.cfg.max_new_tokens, room)
+        if options.fixed_frames is not None:  # benchmarks: fixed length unless cut explicitly
+            max_new = min(options.max_new_tokens or room, room, options.fixed_frames + self.ids.n_vq)
+        self.embedder.check_ids(prompt)
+        embd = self.embedder.embed_rows(prompt)
+        seed = options.seed if options.seed is not None else secrets.randbits(63)
+        stats.prepare_s = time.monotonic() - t0
+        return PreparedRequest(
+            rid=rid,
+            prompt=prompt,
+            prompt_embd=embd,
+            sampling=sampling,
+            seed=int(seed) & ((1 << 64) - 1),
+            max_new_tokens=int(max_new),
+            fixed_frames=options.fixed_frames,
+            sink=sink,
+            stats=stats,
+        )

@@ -1,0 +1,112 @@
+"""What flows between the front end, the engine thread and the decode thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .config import SamplingParams
+
+FRAME_RATE = 12.5  # audio frames per second (80 ms each)
+
+
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one request may set besides its text. ``None`` = engine default."""
+
+    language: str | None = None
+    instruction: str | None = None
+    tokens: int | None = None  # desired duration in audio frames (the prompt's "Tokens" field)
+    quality: str | None = None
+    seed: int | None = None
+    sampling: SamplingParams | None = None
+    max_new_tokens: int | None = None
+    normalize: bool | None = None
+    # Benchmarks only: force exactly this many frames (gen slot until then, then the delay slot).
+    fixed_frames: int | None = None
+
+
+@dataclass(slots=True)
+class AudioChunk:
+    """New audio of one stream: ``pcm`` holds only samples not sent before."""
+
+    pcm: np.ndarray  # float32, mono, 24 kHz
+    frames: range  # audio frame indices this chunk covers
+    codes: np.ndarray  # (len(frames), n_vq) int64, the de-delayed codes of those frames
+    step: int  # generation step at which the chunk's last frame was complete
+    is_last: bool = False
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.frames) / FRAME_RATE
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """Numbers for one stream; times in seconds, measured on the monotonic clock."""
+
+    prompt_rows: int = 0
+    steps: int = 0
+    frames: int = 0
+    t_submit: float = 0.0
+    t_admitted: float = 0.0  # got a slot
+    t_prefilled: float = 0.0
+    t_first_audio: float = 0.0  # first chunk handed to the consumer
+    t_done: float = 0.0
+    prepare_s: float = 0.0  # normalise + tokenise + reference + prompt embedding
+    step_s: float = 0.0  # summed wall time of the ticks this stream took part in
+    decode_s: float = 0.0  # summed codec time of this stream's windows
+    decode_windows: int = 0
+    finish_reason: str = ""  # "audio_end", "stop", "max_new_tokens", "context_full", "cancelled", "error"
+
+    @property
+    def ttfa_s(self) -> float:
+        return self.t_first_audio - self.t_submit if self.t_first_audio else float("nan")
+
+    @property
+    def audio_s(self) -> float:
+        return self.frames / FRAME_RATE
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1000.0 * self.step_s / self.steps if self.steps else float("nan")
+
+    @property
+    def rtf(self) -> float:
+        """Wall time from submit to the last audio over audio duration (< 1 = faster than real time)."""
+        end = self.t_done or self.t_first_audio
+        return (end - self.t_submit) / self.audio_s if self.frames else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_rows": self.prompt_rows,
+            "steps": self.steps,
+            "frames": self.frames,
+            "audio_s": round(self.audio_s, 3),
+            "ttfa_ms": round(1000 * self.ttfa_s, 2),
+            "ms_per_step": round(self.ms_per_step, 3),
+            "prepare_ms": round(1000 * self.prepare_s, 2),
+            "prefill_ms": round(1000 * (self.t_prefilled - self.t_admitted), 2) if self.t_prefilled else None,
+            "queue_ms": round(1000 * (self.t_admitted - self.t_submit - self.prepare_s), 2) if self.t_admitted else None,
+            "decode_ms": round(1000 * self.decode_s, 2),
+            "decode_windows": self.decode_windows,
+            "rtf": round(self.rtf, 4),
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """A request ready for the engine thread: prompt rows and their embeddings."""
+
+    rid: int
+    prompt: np.ndarray  # (S, 1 + n_vq) int64
+    prompt_embd: np.ndarray  # (S, H) float32
+    sampling: SamplingParams
+    seed: int
+    max_new_tokens: int
+    fixed_frames: int | None
+    sink: Any  # StreamSink: receives chunks / errors (thread-safe)
+    stats: StreamStats = field(default_factory=StreamStats)

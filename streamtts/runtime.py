@@ -1,0 +1,158 @@
+"""Assemble a running engine from a config: backbone, tables, codec, threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .config import EngineConfig
+from .decoding import DecodeWorker
+from .engine_core import EngineCore
+from .errors import ConfigError, ModelFileError
+from .prepare import Preparer
+from .tokens import TokenIds, load_token_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    ids: TokenIds
+    backbone: Any
+    decoder: DecodeWorker
+    core: EngineCore
+    preparer: Preparer
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def find_model_config(cfg: EngineConfig) -> Path | None:
+    """The model's config.json (token ids): explicit key, else next to the weights."""
+    if cfg.model_config_json:
+        return Path(cfg.model_config_json)
+    for base in (cfg.backbone_gguf, cfg.embedding_dir, cfg.tokenizer_dir, cfg.lm_head_dir):
+        if not base:
+            continue
+        p = Path(base)
+        for d in (p.parent, p.parent.parent) if p.suffix else (p, p.parent):
+            if (d / "config.json").is_file():
+                return d / "config.json"
+    return None
+
+
+def _require(cfg: EngineConfig, key: str, kind: str) -> str:
+    value = getattr(cfg, key)
+    if not value:
+        raise ConfigError(f"config key {key!r} is empty (expected the path to {kind})")
+    p = Path(value)
+    if not p.exists():
+        raise ModelFileError(p, kind, f"set by {key!r}, not found")
+    return str(p)
+
+
+def physical_cores() -> int:
+    n = os.cpu_count() or 1
+    try:  # count unique (core, socket) pairs on Linux
+        cores: set[tuple[str, str]] = set()
+        phys = core = ""
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                    cores.add((phys, core))
+        return max(1, len(cores)) if cores else n
+    except OSError:
+        return n
+
+
+def gguf_n_embd(path: Path) -> int:
+    """Hidden size from a GGUF header (without loading the model)."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    f = r.fields[f"{arch}.embedding_length"]
+    return int(f.parts[-1][0])
+
+
+def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
+    from threadpoolctl import threadpool_limits
+
+    from .backbone import Backbone, BackboneParams
+    from .codec import load_decoder, load_encoder
+    from .prompt import HFTokenizer
+    from .weights import AudioHeads, Embedder
+
+    if cfg.audio_backend == "torch":
+        raise ConfigError("audio_backend 'torch' is not supported (streamtts serves without PyTorch): use onnx or trt")
+    if cfg.blas_threads > 0:
+        threadpool_limits(limits=cfg.blas_threads, user_api="blas")
+    fused = bool(cfg.fused_gguf) and cfg.heads_backend in ("auto", "fused")
+    if cfg.heads_backend == "fused" and not cfg.fused_gguf:
+        raise ConfigError("heads_backend 'fused' needs fused_gguf (write one with `streamtts convert`)")
+    gguf = _require(cfg, "fused_gguf" if fused else "backbone_gguf", "a Qwen3 GGUF backbone")
+    _require(cfg, "embedding_dir", "the embeddings folder (embed_tokens.npy, emb_ext_XX.npy)")
+    _require(cfg, "tokenizer_dir", "the tokenizer folder (tokenizer.json)")
+    if not fused:
+        _require(cfg, "lm_head_dir", "the LM heads folder (lm_head_audio_XX.npy)")
+    mc = find_model_config(cfg)
+    ids = load_token_ids(mc)
+    threads = cfg.n_threads if cfg.n_threads > 0 else physical_cores()
+    streams = cfg.max_streams
+    params = BackboneParams(
+        model_path=gguf,
+        n_ctx=cfg.n_ctx * streams,
+        n_batch=max(cfg.n_batch, streams),
+        n_seq_max=streams,
+        n_threads=threads,
+        n_gpu_layers=cfg.n_gpu_layers,
+        type_k=cfg.kv_cache_type_k,
+        type_v=cfg.kv_cache_type_v,
+        flash_attn=str(cfg.flash_attn).lower(),
+    )
+    tokenizer = HFTokenizer(cfg.tokenizer_dir)
+    backbone = (backbone_factory or Backbone)(params)
+    try:
+        cols = [ids.gen_slot, ids.delay_slot]
+        if fused:
+            from .fused import fused_columns
+
+            backbone.set_logit_columns(np.asarray(fused_columns(backbone, ids), dtype=np.int32))
+        else:
+            if backbone.n_vocab <= max(cols):
+                raise ModelFileError(
+                    gguf, f"an output layer with at least {max(cols) + 1} rows (the text head)", f"it has {backbone.n_vocab}"
+                )
+            backbone.set_logit_columns(np.asarray(cols, dtype=np.int32))
+        embedder = Embedder(cfg.embedding_dir, ids, n_embd=backbone.n_embd)
+        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd)
+        decoder = load_decoder(cfg)
+        worker = DecodeWorker(decoder, ids.n_vq, cfg.decode_context_frames)
+        core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused)
+    except BaseException:
+        backbone.close()
+        raise
+    preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg), backbone.n_ctx_seq)
+    worker.start()
+    core.start()
+    info = {
+        "backbone": gguf,
+        "heads": "fused (llama.cpp)" if fused else "numpy",
+        "n_embd": backbone.n_embd,
+        "max_streams": streams,
+        "n_ctx_per_stream": backbone.n_ctx_seq,
+        "threads": threads,
+        "model_config": str(mc) if mc else "defaults",
+        "decode_context_frames": cfg.decode_context_frames,
+    }
+    log.info(
+        "engine ready: %s heads, %d streams x %d KV cells, %d threads, codec context %d frames",
+        info["heads"], streams, backbone.n_ctx_seq, threads, cfg.decode_context_frames,
+    )
+    return Runtime(ids=ids, backbone=backbone, decoder=worker, core=core, preparer=preparer, info=info)

@@ -1,0 +1,60 @@
+"""Thread-safe hand-off of one stream's output to its asyncio consumer.
+
+The engine and decode threads call ``put_chunk``/``fail``/``finish``; the
+consumer awaits ``get``. Backpressure is computed from two counters, each
+written by one side only, so no lock is needed: samples produced (decode
+thread) minus samples consumed (consumer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Union
+
+from .request import AudioChunk, StreamStats
+
+SAMPLE_RATE = 24000
+
+_Item = Union[AudioChunk, BaseException, None]  # None = end of stream
+
+
+class StreamSink:
+    def __init__(self, loop: asyncio.AbstractEventLoop, stats: StreamStats) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.stats = stats
+        self.produced_samples = 0  # written by the decode thread
+        self.consumed_samples = 0  # written by the consumer
+        self.cancelled = False  # written by the consumer, read by the engine thread
+        self.closed = False  # no more items will be put
+
+    # -- producer side (engine / decode threads) --------------------------------------
+    def put_chunk(self, chunk: AudioChunk) -> None:
+        self.produced_samples += chunk.pcm.shape[0]
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stats.t_done = time.monotonic()
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, exc)
+
+    def finish(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stats.t_done = time.monotonic()
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
+    def buffered_s(self) -> float:
+        """Audio produced but not yet taken by the consumer, in seconds."""
+        return (self.produced_samples - self.consumed_samples) / SAMPLE_RATE
+
+    # -- consumer side (event loop) ---------------------------------------------------
+    async def get(self) -> _Item:
+        item = await self._queue.get()
+        if isinstance(item, AudioChunk):
+            self.consumed_samples += item.pcm.shape[0]
+            if not self.stats.t_first_audio:
+                self.stats.t_first_audio = time.monotonic()
+        return item

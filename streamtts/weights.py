@@ -1,0 +1,145 @@
+"""The model's NumPy tables: summed input embeddings and the audio heads.
+
+The official layout ships float16 ``.npy`` files. ``embed_tokens`` (about
+1.2 GB for the real model) is memory-mapped and only the rows a step uses are
+upcast. The 32 audio embedding tables and the 32 audio heads are needed every
+step, so they are stacked once into float32 arrays (one gather, one matmul).
+
+Arithmetic mirrors the official pipeline so greedy decoding matches it bit
+for bit: embeddings are summed in float32 in the order text, codebook 0..31;
+audio logits are ``hidden @ stacked_heads.T`` in float32.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelFileError
+from .tokens import TokenIds
+
+log = logging.getLogger(__name__)
+
+
+def load_npy(path: Path, *, rows: int | None = None, cols: int | None = None, mmap: bool = False) -> np.ndarray:
+    """Load a 2-D float16/float32 table, checking its shape; errors name the file."""
+    want = f"a 2-D float16 table of shape ({rows if rows is not None else 'N'}, {cols if cols is not None else 'H'})"
+    if not path.is_file():
+        raise ModelFileError(path, want, "file not found")
+    try:
+        arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ModelFileError(path, want, f"not a readable .npy file: {exc}") from exc
+    if arr.ndim != 2 or arr.dtype not in (np.float16, np.float32):
+        raise ModelFileError(path, want, f"got shape {arr.shape} dtype {arr.dtype}")
+    if (rows is not None and arr.shape[0] != rows) or (cols is not None and arr.shape[1] != cols):
+        raise ModelFileError(path, want, f"got shape {arr.shape}")
+    return arr
+
+
+def _stack_tables(paths: list[Path], rows: int, cols: int) -> np.ndarray:
+    out = np.empty((len(paths) * rows, cols), dtype=np.float32)
+    for k, p in enumerate(paths):
+        out[k * rows : (k + 1) * rows] = load_npy(p, rows=rows, cols=cols, mmap=True)
+    return out
+
+
+class Embedder:
+    """Summed input embedding of (B, 1 + n_vq) id rows."""
+
+    def __init__(self, embedding_dir: str | Path, ids: TokenIds, *, n_embd: int | None = None) -> None:
+        d = Path(embedding_dir)
+        self.ids = ids
+        self.text = load_npy(d / "embed_tokens.npy", cols=n_embd, mmap=True)
+        self.n_embd = int(self.text.shape[1])
+        self.n_vq = ids.n_vq
+        self.rows = ids.audio_rows
+        paths = [d / f"emb_ext_{k:02d}.npy" for k in range(ids.n_vq)]
+        self.audio = _stack_tables(paths, self.rows, self.n_embd)
+        self._offsets = (np.arange(self.n_vq, dtype=np.int64) * self.rows)[None, :]
+        self._cap = 0
+        self._alloc(8)
+        log.info(
+            "embeddings: text %s (memory-mapped), audio %d x %d x %d float32",
+            self.text.shape, self.n_vq, self.rows, self.n_embd,
+        )
+
+    def _alloc(self, cap: int) -> None:
+        self._cap = cap
+        self._gather = np.empty((cap, 1 + self.n_vq, self.n_embd), dtype=np.float32)
+        self._idx = np.empty((cap, self.n_vq), dtype=np.int64)
+
+    def check_ids(self, rows: np.ndarray) -> None:
+        """Validate id ranges once (prompts); the step path trusts the state machine."""
+        if rows.ndim != 2 or rows.shape[1] != 1 + self.n_vq:
+            raise ValueError(f"expected (S, {1 + self.n_vq}) id rows, got {rows.shape}")
+        t = rows[:, 0]
+        if t.size and (t.min() < 0 or t.max() >= self.text.shape[0]):
+            raise ValueError(f"text id out of range [0, {self.text.shape[0]})")
+        a = rows[:, 1:]
+        if a.size and (a.min() < 0 or a.max() >= self.rows):
+            raise ValueError(f"audio code out of range [0, {self.rows})")
+
+    def embed_rows(self, rows: np.ndarray, chunk: int = 64) -> np.ndarray:
+        """Prompt embeddings, allocating its own scratch: safe off the engine thread."""
+        out = np.empty((rows.shape[0], self.n_embd), dtype=np.float32)
+        g = np.empty((min(chunk, max(rows.shape[0], 1)), 1 + self.n_vq, self.n_embd), dtype=np.float32)
+        for s in range(0, rows.shape[0], chunk):
+            r = rows[s : s + chunk]
+            gv = g[: r.shape[0]]
+            gv[:, 0] = self.text[r[:, 0]]
+            np.take(self.audio, r[:, 1:] + self._offsets, axis=0, out=gv[:, 1:])
+            np.add.reduce(gv, axis=1, out=out[s : s + r.shape[0]])
+        return out
+
+    def __call__(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """rows (B, 1 + n_vq) int64 -> (B, n_embd) float32 (written into ``out`` when given).
+
+        Uses scratch buffers owned by this object: call it from one thread only (the engine's).
+        """
+        b = rows.shape[0]
+        if b > self._cap:
+            self._alloc(max(b, 2 * self._cap))
+        g = self._gather[:b]
+        idx = self._idx[:b]
+        np.add(rows[:, 1:], self._offsets, out=idx)
+        g[:, 0] = self.text[rows[:, 0]]
+        np.take(self.audio, idx, axis=0, out=g[:, 1:])
+        if out is None:
+            out = np.empty((b, self.n_embd), dtype=np.float32)
+        # Reducing over a non-contiguous axis adds rows in order (text, cb0, ..., cb31),
+        # the same float32 order as the official pipeline.
+        np.add.reduce(g, axis=1, out=out)
+        return out
+
+
+class AudioHeads:
+    """Audio logits for all 32 codebooks in one matmul: (B, H) -> (B, n_vq, rows)."""
+
+    def __init__(self, lm_head_dir: str | Path, ids: TokenIds, n_embd: int) -> None:
+        d = Path(lm_head_dir)
+        self.n_vq = ids.n_vq
+        self.rows = ids.audio_rows
+        self.pad = ids.audio_pad_code
+        paths = [d / f"lm_head_audio_{k:02d}.npy" for k in range(ids.n_vq)]
+        self.weight = _stack_tables(paths, self.rows, n_embd)  # (n_vq * rows, H)
+        self._wt = self.weight.T
+        self._text_path = d / "lm_head_text.npy"
+        self._text: np.ndarray | None = None
+        self.n_embd = n_embd
+        log.info("audio heads: %d x %d x %d float32", self.n_vq, self.rows, n_embd)
+
+    def __call__(self, hidden: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """hidden (B, H) float32; out (>=B, n_vq * rows) float32 -> view (B, n_vq, rows)."""
+        b = hidden.shape[0]
+        o = out[:b]
+        np.matmul(hidden, self._wt, out=o)
+        return o.reshape(b, self.n_vq, self.rows)
+
+    def text_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Full text-head logits for one hidden state (memory-mapped; only needed outside audio mode)."""
+        if self._text is None:
+            self._text = load_npy(self._text_path, cols=self.n_embd, mmap=True)
+        return np.asarray(self._text @ hidden.astype(self._text.dtype), dtype=np.float32)
