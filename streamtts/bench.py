@@ -82,7 +82,7 @@ async def _one(engine: Any, text: str, frames: int, seed: int) -> dict[str, Any]
     async with s:
         async for chunk in s:
             n += len(chunk.frames)
-    d = s.stats.as_dict()
+    d: dict[str, Any] = s.stats.as_dict()
     d["frames_received"] = n
     return d
 

@@ -105,7 +105,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     fused_gguf: str = ""  # GGUF whose output layer holds the head rows (streamtts convert)
     normalize_text: bool = True
     max_streams: int = 4  # concurrent sequences (llama.cpp n_seq_max); n_ctx is per stream
-    prefill_chunk: int = 256  # prompt rows a joining stream may prefill per tick
+    prefill_chunk: int = 512  # prompt rows joining streams may prefill per tick (official: n_batch)
+    max_batch_rows: int = 0  # streams stepped per tick at most (0 = all); the ones closest to running dry first
     queue_size: int = 64  # requests waiting for a slot before new ones are refused
     queue_timeout_s: float = 30.0
     decode_context_frames: int = 125  # left context per decode window (10 s)

@@ -38,6 +38,7 @@ class DecodeJob:
     first_frame: int
     step: int
     is_last: bool = False
+    tick: int = 0  # engine tick that completed the last frame
     error: BaseException | None = None  # deliver this instead of audio, then close
     drop: bool = False  # stream cancelled: forget its context, deliver nothing
 
@@ -183,6 +184,7 @@ class DecodeWorker:
                     frames=range(job.first_frame, job.first_frame + n_new),
                     codes=job.codes,
                     step=job.step,
+                    tick=job.tick,
                     is_last=job.is_last,
                 )
             )

@@ -138,6 +138,8 @@ class EngineCore:
         self.steps = np.zeros(cap, dtype=np.int64)
         self.max_new = np.zeros(cap, dtype=np.int64)
         self.fixed = np.full(cap, -1, dtype=np.int64)
+        # when a real-time listener of each slot would run dry (-inf before its first audio)
+        self.audio_due = np.full(cap, -np.inf, dtype=np.float64)
         self._empty = np.zeros((0, k), dtype=np.int64)
         self.slots: list[_Slot | None] = [None] * cap
         self.waiting: deque[PreparedRequest] = deque()
@@ -146,6 +148,7 @@ class EngineCore:
         self._stopping = False
         self._run_cache: np.ndarray | None = None
         self.profile = StepProfile()
+        self.ticks = 0  # engine ticks so far (prefill-only ticks included)
         self.chunk_frames = list(cfg.chunk_frames)
         self.tick_s = 0.0  # moving average of the tick time (for the chunk policy)
         self.decode_margin_s = 0.05  # time allowed for a decode window to reach the listener
@@ -237,6 +240,7 @@ class EngineCore:
             self.steps[slot] = 0
             self.max_new[slot] = req.max_new_tokens
             self.fixed[slot] = -1 if req.fixed_frames is None else req.fixed_frames
+            self.audio_due[slot] = -np.inf
             self._run_cache = None
 
     def _abort(self, rid: int) -> None:
@@ -272,6 +276,7 @@ class EngineCore:
     # -- one tick ---------------------------------------------------------------------------
     def _tick(self) -> None:
         """Step every running stream, prefill a chunk of joining prompts, then sample all."""
+        self.ticks += 1
         t0 = time.perf_counter()
         run = self._running()
         b = run.size
@@ -288,7 +293,8 @@ class EngineCore:
             self._fail_slots(slots, "generation step failed", exc)
 
     def _running(self) -> np.ndarray:
-        """Slots to step this tick: prefilled and not paused by backpressure."""
+        """Slots to step this tick: prefilled, not paused by backpressure, and, when
+        more run than ``max_batch_rows``, those closest to running dry first."""
         changed = False
         hi, lo = self.cfg.max_buffered_s, self.cfg.resume_buffered_s
         for s in self.slots:
@@ -304,7 +310,13 @@ class EngineCore:
                 [i for i, s in enumerate(self.slots) if s is not None and s.running and not s.paused],
                 dtype=np.int64,
             )
-        return self._run_cache
+        run = self._run_cache
+        limit = self.cfg.max_batch_rows
+        if 0 < limit < run.size:
+            # audio delivered minus time elapsed; streams without audio yet come first
+            slack = self.audio_due[run] - time.monotonic()
+            run = np.sort(run[np.argpartition(slack, limit - 1)[:limit]])
+        return run
 
     def _fail_slots(self, slots: np.ndarray, what: str, exc: BaseException) -> None:
         for slot in slots.tolist():
@@ -380,6 +392,7 @@ class EngineCore:
         now = time.monotonic()
         for slot, s, take in parts:
             s.fed += take
+            s.req.stats.prefill_ticks += 1
             self.kv_pos[slot] += take
             if s.fed == s.req.prompt.shape[0]:
                 s.running = True
@@ -484,9 +497,13 @@ class EngineCore:
             s.t_first_emit = now
         s.req.stats.frames += n
         self.decoder.submit(
-            DecodeJob(s.req.rid, s.req.sink, codes, s.pending_first, int(self.steps[slot]) - 1, is_last=last)
+            DecodeJob(
+                s.req.rid, s.req.sink, codes, s.pending_first, int(self.steps[slot]) - 1,
+                is_last=last, tick=self.ticks,
+            )
         )
         s.frames_sent += n
+        self.audio_due[slot] = s.t_first_emit + s.frames_sent * FRAME_S
         s.chunk_index += 1
         s.pending = []
 

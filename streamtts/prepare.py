@@ -11,14 +11,15 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .codec import AudioEncoder
-from .config import EngineConfig, SamplingParams
+from .config import EngineConfig
 from .errors import InputError, PromptTooLongError, ReferenceAudioError
 from .normalize import normalize_text
 from .prompt import PromptSpec, TextTokenizer, build_prompt
@@ -41,7 +42,7 @@ class Voice:
 
     @property
     def seconds(self) -> float:
-        return self.codes.shape[0] * 0.08
+        return float(self.codes.shape[0]) * 0.08
 
 
 ReferenceLike = Voice | str | Path | bytes | np.ndarray | None

@@ -37,6 +37,7 @@ class AudioChunk:
     codes: np.ndarray  # (len(frames), n_vq) int64, the de-delayed codes of those frames
     step: int  # generation step at which the chunk's last frame was complete
     is_last: bool = False
+    tick: int = 0  # engine tick (shared by all streams) that completed it
 
     @property
     def duration_s(self) -> float:
@@ -48,6 +49,7 @@ class StreamStats:
     """Numbers for one stream; times in seconds, measured on the monotonic clock."""
 
     prompt_rows: int = 0
+    prefill_ticks: int = 0  # engine ticks the prompt's prefill was spread over
     steps: int = 0
     frames: int = 0
     t_submit: float = 0.0

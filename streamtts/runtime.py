@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -71,14 +72,42 @@ def physical_cores() -> int:
         return n
 
 
-def gguf_n_embd(path: Path) -> int:
-    """Hidden size from a GGUF header (without loading the model)."""
+def gguf_hparams(path: Path) -> dict[str, int]:
+    """Shape numbers from a GGUF header (without loading the model)."""
     from gguf import GGUFReader
 
     r = GGUFReader(str(path))
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    f = r.fields[f"{arch}.embedding_length"]
-    return int(f.parts[-1][0])
+
+    def get(key: str, default: int = 0) -> int:
+        f = r.fields.get(f"{arch}.{key}")
+        return int(f.parts[-1][0]) if f is not None else default
+
+    n_embd = get("embedding_length")
+    n_head = get("attention.head_count", 1)
+    head_dim = get("attention.key_length", n_embd // max(n_head, 1))
+    return {
+        "n_embd": n_embd,
+        "n_layer": get("block_count"),
+        "n_head_kv": get("attention.head_count_kv", n_head),
+        "key_length": head_dim,
+        "value_length": get("attention.value_length", head_dim),
+    }
+
+
+def gguf_n_embd(path: Path) -> int:
+    return gguf_hparams(path)["n_embd"]
+
+
+_KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+
+
+def kv_bytes_per_cell(hp: dict[str, int], type_k: str, type_v: str) -> float:
+    """KV cache bytes for one token of one sequence, all layers."""
+    per_layer = hp["n_head_kv"] * (
+        hp["key_length"] * _KV_BYTES.get(type_k.lower(), 2.0) + hp["value_length"] * _KV_BYTES.get(type_v.lower(), 2.0)
+    )
+    return hp["n_layer"] * per_layer
 
 
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
@@ -141,8 +170,12 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg), backbone.n_ctx_seq)
     worker.start()
     core.start()
+    hp = gguf_hparams(Path(gguf))
+    kv_stream = kv_bytes_per_cell(hp, cfg.kv_cache_type_k, cfg.kv_cache_type_v) * backbone.n_ctx_seq
     info = {
         "backbone": gguf,
+        "kv_cache_mib_per_stream": round(kv_stream / 2**20, 1),
+        "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),
         "heads": "fused (llama.cpp)" if fused else "numpy",
         "n_embd": backbone.n_embd,
         "max_streams": streams,
@@ -152,7 +185,9 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "decode_context_frames": cfg.decode_context_frames,
     }
     log.info(
-        "engine ready: %s heads, %d streams x %d KV cells, %d threads, codec context %d frames",
-        info["heads"], streams, backbone.n_ctx_seq, threads, cfg.decode_context_frames,
+        "engine ready: %s heads, %d streams x %d KV cells (%.1f MiB each, %.1f MiB total), "
+        "%d threads, codec context %d frames",
+        info["heads"], streams, backbone.n_ctx_seq, info["kv_cache_mib_per_stream"],
+        info["kv_cache_mib_total"], threads, cfg.decode_context_frames,
     )
     return Runtime(ids=ids, backbone=backbone, decoder=worker, core=core, preparer=preparer, info=info)

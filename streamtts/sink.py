@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Union
 
 from .request import AudioChunk, StreamStats
 
 SAMPLE_RATE = 24000
 
-_Item = Union[AudioChunk, BaseException, None]  # None = end of stream
+_Item = AudioChunk | BaseException | None  # None = end of stream
 
 
 class StreamSink:

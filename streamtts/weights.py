@@ -36,7 +36,8 @@ def load_npy(path: Path, *, rows: int | None = None, cols: int | None = None, mm
         raise ModelFileError(path, want, f"got shape {arr.shape} dtype {arr.dtype}")
     if (rows is not None and arr.shape[0] != rows) or (cols is not None and arr.shape[1] != cols):
         raise ModelFileError(path, want, f"got shape {arr.shape}")
-    return arr
+    table: np.ndarray = arr
+    return table
 
 
 def _stack_tables(paths: list[Path], rows: int, cols: int) -> np.ndarray:

@@ -158,7 +158,7 @@ def test_two_concurrent_streams_match_alone(demo_model_dir: Path) -> None:
             return alone, [b.codes for b in both]
 
     alone, both = run(main())
-    for x, y in zip(alone, both):
+    for x, y in zip(alone, both, strict=True):
         assert x.shape == (20, 32)
         np.testing.assert_array_equal(x, y)
 

@@ -1,0 +1,160 @@
+"""Many streams through one engine: batching, joining, slots, queueing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamtts import Engine
+from streamtts.config import SamplingParams
+from streamtts.errors import OverloadedError, QueueTimeoutError
+from streamtts.request import StreamOptions
+
+TEXTS = [
+    "Hello there, this is stream one.",
+    "A second voice joins the conversation.",
+    "Numbers: one, two, three, four.",
+    "The last one speaks a little longer than the others do.",
+]
+
+
+def engine(demo_model_dir: Path, **kw: Any) -> Engine:
+    kw.setdefault("n_threads", 1)
+    return Engine.from_config(demo_model_dir / "config.yaml", **kw)
+
+
+async def codes_of(e: Engine, text: str, opts: StreamOptions, delay: float = 0.0) -> np.ndarray:
+    await asyncio.sleep(delay)
+    return (await e.generate(text, options=opts)).codes
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_batched_equals_alone_with_random_joins(demo_model_dir: Path, greedy: bool) -> None:
+    sampling = SamplingParams.greedy() if greedy else None
+    opts = [StreamOptions(seed=100 + i, sampling=sampling, max_new_tokens=120) for i in range(4)]
+
+    async def main() -> tuple[list[np.ndarray], list[np.ndarray]]:
+        async with engine(demo_model_dir, max_streams=4) as e:
+            alone = [await codes_of(e, t, o) for t, o in zip(TEXTS, opts, strict=True)]
+            rng = random.Random(5)
+            together = await asyncio.gather(
+                *(codes_of(e, t, o, rng.uniform(0, 0.3)) for t, o in zip(TEXTS, opts, strict=True))
+            )
+            return alone, list(together)
+
+    alone, together = asyncio.run(main())
+    for a, t in zip(alone, together, strict=True):
+        assert a.shape[0] > 0
+        np.testing.assert_array_equal(a, t)
+
+
+def test_32_streams_complete(demo_model_dir: Path) -> None:
+    async def main() -> list[Any]:
+        async with engine(demo_model_dir, max_streams=32, n_threads=2) as e:
+            res = await asyncio.gather(
+                *(e.generate(f"Stream number {i}.", options=StreamOptions(seed=i, fixed_frames=12)) for i in range(32))
+            )
+            again = await e.generate("Stream number 7.", options=StreamOptions(seed=7, fixed_frames=12))
+            assert e.active_streams == 0
+            return [*res, again]
+
+    res = asyncio.run(main())
+    for r in res:
+        assert r.codes.shape == (12, 32)
+        assert r.pcm.shape == (12 * 1920,)
+        assert np.isfinite(r.pcm).all() and np.abs(r.pcm).max() > 0
+    np.testing.assert_array_equal(res[7].codes, res[-1].codes)  # batched == alone
+
+
+def test_slot_reused_at_once_after_cancel_under_load(demo_model_dir: Path) -> None:
+    async def main() -> None:
+        async with engine(demo_model_dir, max_streams=2) as e:
+            long = StreamOptions(seed=1, fixed_frames=400)
+            keep = asyncio.create_task(e.generate(TEXTS[0], options=long))
+            victim = e.stream(TEXTS[1], options=long)
+            await victim.__anext__()  # both slots busy now
+            waiting = asyncio.create_task(e.generate(TEXTS[2], options=StreamOptions(seed=2, fixed_frames=5)))
+            await asyncio.sleep(0.2)
+            assert e.queued_streams == 1
+            await victim.aclose()
+            res = await asyncio.wait_for(waiting, timeout=10)  # took the freed slot while `keep` runs
+            assert res.codes.shape == (5, 32)
+            assert not keep.done()
+            keep.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await keep
+            for _ in range(100):
+                if e.active_streams == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert [e._backbone.seq_pos_max(i) for i in range(2)] == [-1, -1]
+
+    asyncio.run(main())
+
+
+def test_queue_timeout_and_refusal(demo_model_dir: Path) -> None:
+    async def main() -> None:
+        async with engine(demo_model_dir, max_streams=1, queue_size=1, queue_timeout_s=0.5) as e:
+            busy = e.stream(TEXTS[0], options=StreamOptions(seed=1, fixed_frames=400))
+            await busy.__anext__()
+            queued = asyncio.create_task(e.generate(TEXTS[1], options=StreamOptions(fixed_frames=3)))
+            await asyncio.sleep(0.1)
+            with pytest.raises(OverloadedError, match="busy"):
+                await e.generate(TEXTS[2], options=StreamOptions(fixed_frames=3))
+            with pytest.raises(QueueTimeoutError, match="0.5 s"):
+                await queued
+            await busy.aclose()
+            ok = await e.generate(TEXTS[2], options=StreamOptions(seed=3, fixed_frames=3))
+            assert ok.codes.shape == (3, 32)
+
+    asyncio.run(main())
+
+
+def test_prefill_chunking_keeps_running_streams_stepping(demo_model_dir: Path, tmp_path: Path) -> None:
+    """While a long prompt joins in chunks, a running stream still gets one step per tick."""
+    import soundfile as sf
+
+    sr = 24000
+    t = np.arange(sr * 8) / sr
+    ref = tmp_path / "long.wav"
+    sf.write(ref, 0.2 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 2 * t)), sr)
+
+    async def main() -> tuple[list[Any], Any, int]:
+        async with engine(demo_model_dir, max_streams=2, prefill_chunk=16, chunk_frames=[1]) as e:
+            voice = await e.encode_voice(str(ref))
+            runner = e.stream(TEXTS[0], options=StreamOptions(seed=1, fixed_frames=60))
+            chunks = [await runner.__anext__()]
+            joiner = asyncio.create_task(e.generate(TEXTS[1], reference=voice, options=StreamOptions(seed=2, fixed_frames=3)))
+            async for c in runner:
+                chunks.append(c)
+            j = await joiner
+            return chunks, j.stats, e._core.profile.prefill_rows
+
+    chunks, joined, prefill_rows = asyncio.run(main())
+    assert joined.prompt_rows > 100 + 31  # 8 s reference: >= 100 frames + 31 delay rows
+    # the joining prompt was fed over several ticks, 16 rows each ...
+    assert joined.prefill_ticks == -(-joined.prompt_rows // 16) >= 9
+    # ... and the running stream got a frame on every single tick meanwhile
+    ticks = [c.tick for c in chunks]
+    assert ticks == list(range(ticks[0], ticks[0] + len(ticks)))
+
+
+def test_max_batch_rows_prefers_streams_closest_to_running_dry(demo_model_dir: Path) -> None:
+    async def main() -> list[Any]:
+        async with engine(demo_model_dir, max_streams=3, max_batch_rows=2) as e:
+            first = [asyncio.create_task(e.generate(TEXTS[i], options=StreamOptions(seed=i, fixed_frames=80))) for i in range(2)]
+            await asyncio.sleep(0.3)
+            late = await e.generate(TEXTS[2], options=StreamOptions(seed=9, fixed_frames=3))
+            rest = await asyncio.gather(*first)
+            return [late, *rest]
+
+    late, *rest = asyncio.run(main())
+    # the newcomer has no audio yet, so it is stepped ahead of streams with audio buffered
+    assert late.codes.shape == (3, 32)
+    assert all(r.codes.shape == (80, 32) for r in rest)
+    assert late.stats.t_done < max(r.stats.t_done for r in rest)
