@@ -265,5 +265,9 @@ class Engine:
     def queued_streams(self) -> int:
         return 0 if self._core is None else int(self._core.queued_streams)
 
+    def reset_profile(self) -> None:
+        if self._core is not None:
+            self._core.profile = type(self._core.profile)()
+
     def step_profile(self) -> dict[str, float]:
         return {} if self._core is None else dict(self._core.profile.per_step_ms())

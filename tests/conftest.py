@@ -109,3 +109,134 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ============================== end of demo model section ============================
+
+
+# =====================================================================================
+# server: real `streamtts serve` processes on loopback (test_server*.py, test_client.py)
+# =====================================================================================
+
+
+@dataclass
+class ServerProcess:
+    """A running server: ``http`` / ``ws`` base URLs, its process and its log file."""
+
+    proc: Any
+    port: int
+    log_path: Path
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/stream"
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.http + path, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def health(self) -> dict[str, Any]:
+        import json
+
+        return dict(json.loads(self.get("/healthz")[1]))
+
+    def metrics(self) -> str:
+        return self.get("/metrics")[1].decode()
+
+    def metric(self, name: str) -> float:
+        """The value of one sample line (``name`` with its labels, exactly as exposed)."""
+        for line in self.metrics().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def wait_idle(self, timeout: float = 10.0) -> dict[str, Any]:
+        """Wait until no engine stream is active or queued and no session is open."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            h = self.health()
+            if h["active_streams"] == 0 and h["queued_streams"] == 0 and h["sessions"] == 0:
+                return h
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not idle after {timeout} s: {h}\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def start_server(args: list[str], log_path: Path, timeout: float = 180.0) -> ServerProcess:
+    """Start ``streamtts serve --port 0 ARGS``; return once /healthz says ready."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "streamtts.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    log = log_path.open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    deadline = time.monotonic() + timeout
+    port = 0
+    srv: ServerProcess | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}")
+        if not port:
+            m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", log_path.read_text(errors="replace"))
+            if m:
+                port = int(m.group(1))
+                srv = ServerProcess(proc, port, log_path)
+        if srv is not None:
+            try:
+                if srv.get("/healthz")[0] == 200:
+                    return srv
+            except OSError:
+                pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"server not ready after {timeout} s:\n{log_path.read_text(errors='replace')}")
+
+
+def stop_server(srv: ServerProcess) -> None:
+    import signal
+    import subprocess
+
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(signal.SIGINT)
+        try:
+            srv.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+            srv.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def serve(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Factory: ``serve(*args)`` -> ServerProcess on the demo model; all stopped after the module."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        log_path = tmp_path_factory.mktemp("server") / "server.log"
+        srv = start_server(["--config", str(demo_model_dir / "config.yaml"), *args], log_path)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        stop_server(srv)
+
+
+# ============================== end of server section ================================

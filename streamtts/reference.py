@@ -1,0 +1,199 @@
+"""Reference voice clips: load, convert and encode (contract section 3).
+
+The codec encoder expects what the official pipeline feeds it: mono float32
+at 24 kHz, loudness-normalised to -20 dBFS RMS with the gain clamped to
++-3 dB, zero-padded to a whole number of 1920-sample frames. Everything a
+user can get wrong about a clip is reported as :class:`ReferenceAudioError`
+naming the clip and the problem, before the encoder sees it.
+
+Length limits (of the clip as given, before padding):
+
+- at least ``MIN_REFERENCE_S`` = 0.5 s: a few frames carry too little of a
+  voice to clone, and are almost always a mistake (a truncated upload);
+- at most ``MAX_REFERENCE_S`` = 30 s: a clip of T frames adds T + 33 prompt
+  rows (375 frames -> 408 rows at 30 s), which must leave room in ``n_ctx``
+  for the text and the generated speech; longer clips also do not clone
+  better.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import ReferenceAudioError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .codec import AudioEncoder
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+FRAME_SAMPLES = 1920
+MIN_REFERENCE_S = 0.5
+MAX_REFERENCE_S = 30.0
+MAX_CHANNELS = 8
+TARGET_DBFS = -20.0
+MAX_GAIN_DB = 3.0
+
+ReferenceSource = str | Path | bytes | bytearray | memoryview | np.ndarray
+
+
+def loudness_normalize(
+    wav: np.ndarray, target_dbfs: float = TARGET_DBFS, max_gain_db: float = MAX_GAIN_DB
+) -> np.ndarray:
+    """Scale ``wav`` towards ``target_dbfs`` RMS, the gain clamped to +-``max_gain_db``.
+
+    The clamp keeps quiet or loud clips close to how they were recorded (a
+    whisper is not turned into a shout). Returns a new float32 array.
+    """
+    x = np.asarray(wav, dtype=np.float32)
+    if x.size == 0:
+        return x.copy()
+    rms = float(np.sqrt(np.mean(np.square(x, dtype=np.float64)) + 1e-9))
+    gain_db = min(max(target_dbfs - 20.0 * np.log10(rms), -max_gain_db), max_gain_db)
+    return (x * np.float32(10.0 ** (gain_db / 20.0))).astype(np.float32, copy=False)
+
+
+def _describe(source: object) -> str:
+    if isinstance(source, (str, Path)):
+        return str(source)
+    if isinstance(source, np.ndarray):
+        return f"array {source.shape} {source.dtype}"
+    return (
+        f"{len(source)} bytes of audio"
+        if isinstance(source, (bytes, bytearray, memoryview))
+        else "audio"
+    )
+
+
+def _read_encoded(
+    source: str | Path | bytes | bytearray | memoryview, name: str
+) -> tuple[np.ndarray, int]:
+    import soundfile as sf
+
+    if isinstance(source, (str, Path)):
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise ReferenceAudioError(f"reference audio {path}: file not found")
+        if not path.is_file():
+            raise ReferenceAudioError(f"reference audio {path}: not a file")
+        target: object = str(path)
+    else:
+        if len(source) == 0:
+            raise ReferenceAudioError("reference audio: empty (0 bytes)")
+        target = io.BytesIO(bytes(source))
+    try:
+        data, sr = sf.read(target, dtype="float32", always_2d=True)
+    except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as exc:
+        raise ReferenceAudioError(
+            f"reference audio {name}: cannot read it as wav/flac/ogg audio ({exc})"
+        ) from exc
+    return data, int(sr)
+
+
+def _array_frames_channels(x: np.ndarray, name: str) -> np.ndarray:
+    """1-D -> (N, 1); 2-D -> (N, C), accepting (C, N) when the first axis is the short one."""
+    if x.ndim == 1:
+        return x.reshape(-1, 1)
+    if x.ndim == 2:
+        if x.shape[1] <= MAX_CHANNELS and x.shape[1] <= x.shape[0]:
+            return x
+        if x.shape[0] <= MAX_CHANNELS:
+            return x.T
+    raise ReferenceAudioError(
+        f"reference audio {name}: expected a 1-D array or (samples, channels), got shape {x.shape}"
+    )
+
+
+def _as_float(x: np.ndarray, name: str) -> np.ndarray:
+    if np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float32, copy=False)
+    if x.dtype == np.int16:
+        return (x / 32768.0).astype(np.float32)
+    if x.dtype == np.int32:
+        return (x / 2147483648.0).astype(np.float32)
+    raise ReferenceAudioError(
+        f"reference audio {name}: unsupported sample type {x.dtype} (use float, int16 or int32)"
+    )
+
+
+def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> np.ndarray:
+    """A reference clip as the encoder wants it: float32 mono 24 kHz, normalised, padded.
+
+    ``source`` is a path or the bytes of a wav/flac/ogg file (any rate, mono or
+    multichannel), or an array of samples, which then needs ``sample_rate``.
+    For files, ``sample_rate`` may be given to assert the file's rate.
+    """
+    name = _describe(source)
+    if isinstance(source, np.ndarray):
+        if sample_rate is None:
+            raise ReferenceAudioError(f"reference audio {name}: an array needs its sample_rate")
+        data = _as_float(_array_frames_channels(source, name), name)
+        sr = int(sample_rate)
+    elif isinstance(source, (str, Path, bytes, bytearray, memoryview)):
+        data, sr = _read_encoded(source, name)
+        if sample_rate is not None and int(sample_rate) != sr:
+            raise ReferenceAudioError(
+                f"reference audio {name}: the file is {sr} Hz, not {sample_rate} Hz"
+            )
+    else:
+        raise ReferenceAudioError(
+            f"reference audio must be a path, file bytes or a numpy array, got {type(source).__name__}"
+        )
+    if sr <= 0:
+        raise ReferenceAudioError(f"reference audio {name}: invalid sample rate {sr}")
+    n = data.shape[0]
+    if n == 0:
+        raise ReferenceAudioError(f"reference audio {name}: empty (no samples)")
+    if not np.all(np.isfinite(data)):
+        raise ReferenceAudioError(f"reference audio {name}: has non-finite samples (NaN or inf)")
+    seconds = n / sr
+    if seconds < MIN_REFERENCE_S:
+        raise ReferenceAudioError(
+            f"reference audio {name}: too short ({seconds:.2f} s; at least {MIN_REFERENCE_S} s needed)"
+        )
+    if seconds > MAX_REFERENCE_S:
+        raise ReferenceAudioError(
+            f"reference audio {name}: too long ({seconds:.1f} s; at most {MAX_REFERENCE_S:.0f} s, "
+            "trim it to a few seconds of clean speech)"
+        )
+    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+    if float(np.max(np.abs(mono))) < 1e-6:
+        raise ReferenceAudioError(f"reference audio {name}: silent")
+    if sr != SAMPLE_RATE:
+        import soxr
+
+        mono = soxr.resample(mono, sr, SAMPLE_RATE, quality="HQ").astype(np.float32, copy=False)
+    wav = loudness_normalize(mono)
+    pad = -wav.shape[0] % FRAME_SAMPLES
+    if pad:
+        wav = np.concatenate([wav, np.zeros(pad, dtype=np.float32)])
+    log.debug(
+        "reference %s: %.2f s at %d Hz, %d channel(s) -> %d frames",
+        name,
+        seconds,
+        sr,
+        data.shape[1],
+        wav.shape[0] // FRAME_SAMPLES,
+    )
+    return np.ascontiguousarray(wav, dtype=np.float32)
+
+
+def encode_reference(encoder: AudioEncoder, wav: np.ndarray) -> np.ndarray:
+    """Encode a :func:`load_reference` waveform -> (T, 32) int64 codes, T = len(wav) / 1920."""
+    if wav.ndim != 1 or wav.shape[0] == 0 or wav.shape[0] % FRAME_SAMPLES:
+        raise ReferenceAudioError(
+            f"reference waveform must be 1-D with a positive multiple of {FRAME_SAMPLES} samples, "
+            f"got shape {wav.shape} (use load_reference)"
+        )
+    codes = np.asarray(encoder.encode(wav))  # a CodecError is the codec's fault: not wrapped
+    if codes.ndim != 2 or codes.shape[0] < 1:
+        raise ReferenceAudioError(
+            f"reference audio: the encoder returned codes of shape {codes.shape}"
+        )
+    return codes.astype(np.int64, copy=False)
