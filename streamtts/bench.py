@@ -151,7 +151,7 @@ def print_table(res: dict[str, Any]) -> None:
         t.add_column(c.replace("_", " "), justify="right")
     for lv in res["levels"]:
         t.add_row(*(str(lv.get(c, "")) for c in cols))
-    Console().print(t)
+    Console(width=160).print(t)
 
 
 def add_parser(sub: Any) -> None:

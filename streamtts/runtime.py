@@ -122,10 +122,17 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         raise ConfigError("audio_backend 'torch' is not supported (streamtts serves without PyTorch): use onnx or trt")
     if cfg.blas_threads > 0:
         threadpool_limits(limits=cfg.blas_threads, user_api="blas")
-    fused = bool(cfg.fused_gguf) and cfg.heads_backend in ("auto", "fused")
-    if cfg.heads_backend == "fused" and not cfg.fused_gguf:
+    from .fused import find_fused_gguf
+
+    # explicit fused_gguf, else <backbone>.fused.gguf when it was built from this backbone
+    fused_path = find_fused_gguf(cfg)
+    fused = bool(fused_path)
+    if cfg.heads_backend == "fused" and not fused:
         raise ConfigError("heads_backend 'fused' needs fused_gguf (write one with `streamtts convert`)")
-    gguf = _require(cfg, "fused_gguf" if fused else "backbone_gguf", "a Qwen3 GGUF backbone")
+    if fused and not cfg.fused_gguf:
+        gguf = fused_path
+    else:
+        gguf = _require(cfg, "fused_gguf" if fused else "backbone_gguf", "a Qwen3 GGUF backbone")
     _require(cfg, "embedding_dir", "the embeddings folder (embed_tokens.npy, emb_ext_XX.npy)")
     _require(cfg, "tokenizer_dir", "the tokenizer folder (tokenizer.json)")
     if not fused:
@@ -152,7 +159,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         if fused:
             from .fused import fused_columns
 
-            backbone.set_logit_columns(np.asarray(fused_columns(backbone, ids), dtype=np.int32))
+            backbone.set_logit_columns(np.asarray(fused_columns(backbone, ids, path=gguf), dtype=np.int32))
         else:
             if backbone.n_vocab <= max(cols):
                 raise ModelFileError(

@@ -11,16 +11,19 @@ backends transpose to the codec's (32, B, T) layout themselves.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import CodecError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import EngineConfig
 
 __all__ = ["AudioDecoder", "AudioEncoder", "load_decoder", "load_encoder"]
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -58,7 +61,10 @@ def load_decoder(cfg: EngineConfig) -> AudioDecoder:
             from .onnx_cuda import OnnxBoundDecoder, cuda_provider_available
 
             if cuda_provider_available():
-                return OnnxBoundDecoder.from_config(cfg)
+                try:
+                    return OnnxBoundDecoder.from_config(cfg)
+                except CodecError as exc:  # provider listed but its CUDA libraries did not load
+                    log.warning("%s; decoding the codec on the CPU", exc)
         from .onnx import OnnxDecoder
 
         return OnnxDecoder.from_config(cfg)

@@ -1,0 +1,174 @@
+"""``streamtts build-engine``: TensorRT engines from the codec's ONNX files.
+
+The official script builds one profile for batch 1 and up to 40 s. A streaming
+server decodes short windows (new frames plus ``context_frames`` of left
+context) for several streams at once, so this builder makes one optimisation
+profile per batch bucket (1, 2-4, 5-16, 17-32 by default), each tuned for the
+steady-state window ``context + chunk`` frames. TF32 is the default precision
+(the recommended one; fp16 may add artefacts, contract section 7).
+
+Engines are tied to the GPU model and TensorRT version that built them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import CodecError, ModelFileError
+from .trt_plan import (
+    IOTensor,
+    Kind,
+    ProfileShape,
+    plan_buffers,
+    reference_profiles,
+    streaming_profiles,
+)
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["tf32", "fp32", "fp16"]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    max_batch: int = 32
+    batch_buckets: tuple[int, ...] | None = None
+    context_frames: int = 125
+    chunk_frames: int = 8
+    max_frames: int | None = None
+    precision: Precision = "tf32"
+    workspace_bytes: int = 4 << 30
+    max_reference_seconds: float = 40.0  # encoder engines only
+
+    def profiles(self, kind: Kind = "decoder") -> list[ProfileShape]:
+        if kind == "encoder":
+            return reference_profiles(self.max_reference_seconds)
+        return streaming_profiles(
+            self.max_batch,
+            self.context_frames,
+            self.chunk_frames,
+            self.max_frames,
+            self.batch_buckets,
+        )
+
+
+# The published I/O types (contract section 7), for planning before an engine exists.
+_ASSUMED_IO: dict[Kind, list[IOTensor]] = {
+    "decoder": [
+        IOTensor("audio_codes", True, "int64", (32, -1, -1)),
+        IOTensor("n_quantizers", True, "int64", ()),
+        IOTensor("audio", False, "float32", (-1, 1, -1)),
+        IOTensor("audio_lengths", False, "int64", (-1,)),
+    ],
+    "encoder": [
+        IOTensor("input_values", True, "float32", (-1, 1, -1)),
+        IOTensor("n_quantizers", True, "int64", ()),
+        IOTensor("audio_codes", False, "int64", (32, -1, -1)),
+        IOTensor("audio_codes_lengths", False, "int64", (-1,)),
+    ],
+}
+
+
+def describe_plan(opts: BuildOptions, kind: Kind = "decoder") -> str:
+    """Human-readable profiles and run-time buffer sizes for these options."""
+    profiles = opts.profiles(kind)
+    plan = plan_buffers(kind, _ASSUMED_IO[kind], profiles)
+    lines = [f"TensorRT {kind} engine, {opts.precision}, {len(profiles)} profile(s):"]
+    for i, p in enumerate(profiles):
+        lines.append(
+            f"  profile {i}: batch {p.batch[0]}..{p.batch[2]} (opt {p.batch[1]}), frames {p.frames[0]}..{p.frames[2]} (opt {p.frames[1]})"
+        )
+    lines.append(
+        f"  run-time buffers (allocated once): {plan.device_bytes / 1e6:.1f} MB device, "
+        f"{plan.host_bytes / 1e6:.1f} MB pinned host"
+    )
+    return "\n".join(lines)
+
+
+def _network_flags(trt: Any) -> int:
+    # TensorRT 8/9 need EXPLICIT_BATCH; 10 made it the default and 11 removed the flag.
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH", None)
+    return 0 if flag is None else 1 << int(flag)
+
+
+def _set_precision(trt: Any, config: Any, precision: Precision) -> None:
+    tf32 = getattr(trt.BuilderFlag, "TF32", None)
+    if precision == "tf32":
+        if tf32 is not None:
+            config.set_flag(tf32)
+    elif precision == "fp32":
+        if tf32 is not None:
+            config.clear_flag(tf32)
+    else:
+        fp16 = getattr(trt.BuilderFlag, "FP16", None)
+        if fp16 is None:
+            raise CodecError(
+                "this TensorRT has no FP16 builder flag (strongly typed networks only): "
+                "use --precision tf32, or an fp16 ONNX export"
+            )
+        config.set_flag(fp16)
+
+
+def build_engine(
+    onnx_path: str | os.PathLike[str], out: str | os.PathLike[str], opts: BuildOptions, kind: Kind
+) -> Path:
+    """Parse the ONNX, add the profiles, build and write the serialized engine."""
+    from .trt import import_tensorrt
+
+    src = Path(onnx_path)
+    if not src.is_file():
+        raise ModelFileError(src, f"the codec's {kind}.onnx", "file not found")
+    trt = import_tensorrt()
+    t0 = time.monotonic()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(_network_flags(trt))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(src)):  # also resolves external weight files next to it
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise ModelFileError(src, f"an ONNX {kind} TensorRT can parse", errors or "parse failed")
+    if network.num_inputs != 2:
+        raise ModelFileError(
+            src, f"the codec {kind} (2 inputs)", f"it has {network.num_inputs} inputs"
+        )
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_bytes)
+    _set_precision(trt, config, opts.precision)
+    main, nq = network.get_input(0), network.get_input(1)
+    for p in opts.profiles(kind):
+        prof = builder.create_optimization_profile()
+        prof.set_shape(main.name, *p.input_shapes(kind))
+        # n_quantizers is always 32: a fixed shape, and fixed values if TensorRT made it a
+        # shape tensor (an input whose value decides shapes, read on the host)
+        nq_shape = tuple(1 if d < 0 else d for d in nq.shape)
+        if any(d < 0 for d in nq.shape):
+            prof.set_shape(nq.name, nq_shape, nq_shape, nq_shape)
+        if nq.is_shape_tensor:
+            n = int(math.prod(nq_shape))
+            prof.set_shape_input(nq.name, [32] * n, [32] * n, [32] * n)
+        config.add_optimization_profile(prof)
+    log.info("building the TensorRT %s engine from %s (this takes minutes)", kind, src)
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise CodecError(
+            f"TensorRT could not build an engine from {src} (see the TensorRT log above)"
+        )
+    dst = Path(out)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(bytes(memoryview(blob)))
+    os.replace(tmp, dst)
+    log.info("wrote %s (%.0f MB) in %.0f s", dst, dst.stat().st_size / 1e6, time.monotonic() - t0)
+    return dst
+
+
+def build_decoder_engine(
+    onnx_path: str | os.PathLike[str], out: str | os.PathLike[str], opts: BuildOptions
+) -> Path:
+    return build_engine(onnx_path, out, opts, "decoder")

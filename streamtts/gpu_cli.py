@@ -1,0 +1,212 @@
+"""Commands for the GPU path: ``streamtts convert | build-engine | download``.
+
+Registered by ``cli._add_optional_commands``. Handlers print (this is CLI output);
+the work is in ``fused.py``, ``codec/trt_build.py`` and ``download.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser(
+        "convert",
+        help="write a fused-heads GGUF (head logits computed by llama.cpp in the backbone's graph)",
+    )
+    c.add_argument("--config", help="YAML config: takes backbone_gguf and lm_head_dir from it")
+    c.add_argument("--gguf", help="source backbone GGUF (default: the config's backbone_gguf)")
+    c.add_argument(
+        "--lm-heads", help="folder with lm_head_audio_XX.npy (default: the config's lm_head_dir)"
+    )
+    c.add_argument(
+        "--out", help="output file (default: <backbone>.fused.gguf, picked up automatically)"
+    )
+    c.add_argument(
+        "--include-text-head", action="store_true", help="also append the full text head"
+    )
+    c.add_argument(
+        "--audio-dtype", choices=["f16", "f32"], default="f16",
+        help="type of the fused output layer: f16 (as published, half the memory) or f32 "
+        "(llama.cpp's CPU matmul then keeps the hidden state in f32, like the NumPy heads)",
+    )  # fmt: skip
+    c.add_argument(
+        "--text-source", choices=["gguf", "npy"], default="gguf",
+        help="gen/delay text rows from the GGUF's output layer (default; what the NumPy-heads "
+        "engine uses) or from lm_head_text.npy",
+    )  # fmt: skip
+    c.set_defaults(handler=_convert)
+
+    b = sub.add_parser(
+        "build-engine", help="build a TensorRT engine for the codec decoder (needs a GPU)"
+    )
+    b.add_argument(
+        "--kind", choices=["decoder", "encoder"], default="decoder",
+        help="decoder (streaming windows) or encoder (reference clips, batch 1)",
+    )  # fmt: skip
+    b.add_argument(
+        "--max-reference-seconds", type=float, default=40.0, help="encoder: longest clip"
+    )
+    b.add_argument(
+        "--config", help="YAML config: takes audio_decoder_onnx / audio_decoder_trt from it"
+    )
+    b.add_argument("--onnx", help="decoder.onnx (default: the config's audio_decoder_onnx)")
+    b.add_argument(
+        "--out",
+        help="engine file (default: the config's audio_decoder_trt, else decoder.engine next to the ONNX)",
+    )
+    b.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="largest batch of windows (the scheduler's codec batch)",
+    )
+    b.add_argument(
+        "--batch-buckets",
+        type=int,
+        nargs="+",
+        help="upper batch bound of each profile (default 1 4 16 <max>)",
+    )
+    b.add_argument(
+        "--context-frames", type=int, default=125, help="left context per streaming window"
+    )
+    b.add_argument(
+        "--chunk-frames", type=int, default=8, help="largest number of new frames per window"
+    )
+    b.add_argument(
+        "--max-frames", type=int, help="longest window in frames (default context + chunk)"
+    )
+    b.add_argument("--precision", choices=["tf32", "fp32", "fp16"], default="tf32")
+    b.add_argument("--workspace-gb", type=float, default=4.0)
+    b.add_argument(
+        "--dry-run", action="store_true", help="print the profiles and buffer plan, build nothing"
+    )
+    b.set_defaults(handler=_build_engine)
+
+    d = sub.add_parser("download", help="download the official weights, check them, write a config")
+    d.add_argument(
+        "--dest", default="weights", help="folder for both repositories and streamtts.yaml"
+    )
+    d.add_argument("--quant", default="Q4_K_M", help="backbone quant: Q4_K_M, Q5_K_M, Q6_K or Q8_0")
+    d.add_argument("--from-dir", help="copy from a local folder laid out like the hub repositories")
+    d.add_argument("--revision", help="hub revision (branch, tag or commit)")
+    d.add_argument(
+        "--no-text-head",
+        action="store_true",
+        help="skip lm_head_text.npy (1.2 GB; read only outside audio mode)",
+    )
+    d.add_argument("--no-codec", action="store_true", help="skip the codec repository")
+    d.add_argument(
+        "--fuse", action="store_true", help="also write the fused-heads GGUF (streamtts convert)"
+    )
+    d.add_argument(
+        "--cpu", action="store_true", help="write a CPU config even when a GPU is visible"
+    )
+    d.set_defaults(handler=_download)
+
+
+def _load_cfg(path: str | None) -> Any:
+    if not path:
+        return None
+    from .config import load_config
+
+    return load_config(path)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .fused import config_line, convert
+
+    cfg = _load_cfg(args.config)
+    src = args.gguf or (cfg.backbone_gguf if cfg else "")
+    heads: Any = args.lm_heads or cfg
+    if not src or heads is None:
+        raise ConfigError("streamtts convert needs --config, or --gguf and --lm-heads")
+    if args.lm_heads and cfg is not None:
+        heads = args.lm_heads
+    t0 = time.monotonic()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+        transient=True, console=_stderr_console(),
+    ) as prog:  # fmt: skip
+        task = prog.add_task("writing", total=None)
+
+        def progress(name: str, done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total, description=f"writing {name}")
+
+        info = convert(
+            src, heads, args.out, include_text_head=args.include_text_head,
+            audio_dtype=args.audio_dtype, text_source=args.text_source, progress=progress,
+        )  # fmt: skip
+    print(
+        f"wrote {info.path}: {info.rows} output rows ({info.dtype}; text rows from {info.text_source}"
+        f"{', full text head' if info.has_text_head else ''}) in {time.monotonic() - t0:.1f} s"
+    )
+    print("add to your config:")
+    print(f"  {config_line(info.path, src)}")
+    return 0
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _build_engine(args: argparse.Namespace) -> int:
+    from .codec.trt_build import BuildOptions, build_engine, describe_plan
+
+    cfg = _load_cfg(args.config)
+    kind = args.kind
+    onnx = args.onnx or (getattr(cfg, f"audio_{kind}_onnx") if cfg else "")
+    if not onnx:
+        raise ConfigError(
+            f"streamtts build-engine needs --onnx or a --config with audio_{kind}_onnx"
+        )
+    out = args.out or (getattr(cfg, f"audio_{kind}_trt") if cfg else "")
+    out = out or str(Path(onnx).with_name(f"{kind}.engine"))
+    opts = BuildOptions(
+        max_batch=args.max_batch,
+        batch_buckets=tuple(args.batch_buckets) if args.batch_buckets else None,
+        context_frames=args.context_frames,
+        chunk_frames=args.chunk_frames,
+        max_frames=args.max_frames,
+        precision=args.precision,
+        workspace_bytes=int(args.workspace_gb * (1 << 30)),
+        max_reference_seconds=args.max_reference_seconds,
+    )
+    print(describe_plan(opts, kind))
+    if args.dry_run:
+        return 0
+    t0 = time.monotonic()
+    path = build_engine(onnx, out, opts, kind)
+    print(f"wrote {path} in {time.monotonic() - t0:.0f} s")
+    print("use it with:")
+    print("  audio_backend: trt")
+    print(f"  audio_{kind}_trt: {path}")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from .download import download
+
+    cfg, rep = download(
+        args.dest, args.quant, from_dir=args.from_dir, revision=args.revision,
+        text_head=not args.no_text_head, codec=not args.no_codec, fuse=args.fuse,
+        gpu=False if args.cpu else None,
+    )  # fmt: skip
+    print(f"weights checked ({rep.quant}, hidden size {rep.n_embd}): {Path(args.dest).resolve()}")
+    print(f"config: {cfg}")
+    print(f"try it: streamtts synth --config {cfg} --text 'Hello there.' --out hello.wav")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: streamtts convert | build-engine | download")
