@@ -417,6 +417,13 @@ class EngineCore:
         t4 = time.perf_counter()
         self.steps[slots] += 1
         self.next_rows[slots] = out
+        tick_s = t4 - t_tick
+        self.tick_s += 0.1 * (tick_s - self.tick_s)
+        for slot in slots.tolist():  # before routing: routing frees finished slots
+            s = self.slots[slot]
+            if s is not None:
+                s.req.stats.steps += 1
+                s.req.stats.step_s += tick_s
         frames, ready, index = self.assembler.push(slots, out[:, 1:])
         self._route(slots, frames, ready, index)
         t5 = time.perf_counter()
@@ -425,13 +432,6 @@ class EngineCore:
         prof.heads += t3 - t2
         prof.sampling += t4 - t3
         prof.other += t5 - t4
-        tick_s = t5 - t_tick
-        self.tick_s += 0.1 * (tick_s - self.tick_s)
-        for slot in slots.tolist():
-            s = self.slots[slot]
-            if s is not None:
-                s.req.stats.steps += 1
-                s.req.stats.step_s += tick_s
 
     def _force_fixed(self, run: np.ndarray, pair: np.ndarray) -> None:
         fx = self.fixed[run]
