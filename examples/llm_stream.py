@@ -1,0 +1,95 @@
+"""Speak an LLM's answer while it is being written: tokens in, audio out, both streamed.
+
+    streamtts serve --port 8000 &
+    python examples/llm_stream.py "Tell me about the sea."               # a simulated LLM
+    python examples/llm_stream.py --llm http://127.0.0.1:8080/v1 --model my-model "Tell me..."
+
+With --llm, tokens come from any OpenAI-compatible chat endpoint (llama.cpp's server, vLLM,
+...), streamed with server-sent events. The server cuts the text into clauses as it arrives,
+so speech starts after the first clause, not after the whole answer. Audio is played through
+the sound card (`streamtts.player`), or written with --save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from streamtts.client import StreamClient
+
+CANNED = (
+    "The sea covers about seventy percent of the planet, and most of it has never been explored. "
+    "Its deepest point, the Challenger Deep, lies almost eleven kilometres down, where the pressure "
+    "is over a thousand times what we feel at the surface. Yet even there, life finds a way."
+)
+
+
+async def fake_llm(prompt: str) -> AsyncIterator[str]:
+    """Word pieces at an LLM-like pace (about 30 tokens per second)."""
+    for word in CANNED.split(" "):
+        for piece in (
+            (word[: len(word) // 2], word[len(word) // 2 :] + " ")
+            if len(word) > 6
+            else (word + " ",)
+        ):
+            await asyncio.sleep(random.uniform(0.01, 0.05))
+            yield piece
+
+
+async def openai_llm(base: str, model: str, prompt: str) -> AsyncIterator[str]:
+    import httpx
+
+    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    async with httpx.AsyncClient(timeout=None) as http:
+        async with http.stream("POST", base.rstrip("/") + "/chat/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
+                if delta:
+                    yield delta
+
+
+async def echo(tokens: AsyncIterator[str]) -> AsyncIterator[str]:
+    async for t in tokens:
+        sys.stdout.write(t)
+        sys.stdout.flush()
+        yield t
+    print()
+
+
+async def main(a: argparse.Namespace) -> None:
+    tokens = openai_llm(a.llm, a.model, a.prompt) if a.llm else fake_llm(a.prompt)
+    client = StreamClient(a.server, seed=a.seed)
+    chunks = client.stream(echo(tokens))
+    if a.save:
+        import soundfile as sf
+
+        pcm = [c async for c in chunks]
+        sf.write(a.save, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), 24000)
+        print(f"wrote {a.save}")
+        return
+    from streamtts import player
+
+    report = await player.play(chunks)
+    print(report.summary())
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("prompt", nargs="?", default="Tell me about the sea.")
+    p.add_argument("--server", default="ws://127.0.0.1:8000")
+    p.add_argument("--llm", help="base URL of an OpenAI-compatible API (default: a simulated LLM)")
+    p.add_argument("--model", default="default")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--save", help="write a wav file instead of playing")
+    asyncio.run(main(p.parse_args()))

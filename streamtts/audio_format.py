@@ -1,0 +1,221 @@
+"""Output audio formats: streaming resampling and sample encoding.
+
+The engine produces float32 mono at 24 kHz. A network client asks for one of
+:data:`FORMATS`; :class:`StreamEncoder` turns the session's chunks into that
+format as they arrive:
+
+* resampling with ``soxr.ResampleStream``, which keeps its filter state from
+  one chunk to the next, so chunk edges leave no seams (resampling each chunk
+  on its own would click at every edge). The resampler delays its output by
+  its filter length (a few ms); :meth:`StreamEncoder.flush` returns the tail;
+* ``pcm_s16le``: ``round(x * 32767)`` clipped to [-32768, 32767];
+* ``ulaw``: G.711 mu-law of that 16-bit value, bit-exact with the old
+  ``audioop.lin2ulaw`` (gone in Python 3.13), written with NumPy.
+
+One encoder serves a whole session, across segment joins, so the resampler
+sees one continuous signal.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "FORMATS",
+    "MODEL_RATE",
+    "AudioFormat",
+    "StreamEncoder",
+    "decode_audio",
+    "float_to_s16",
+    "get_format",
+    "s16_to_ulaw",
+    "ulaw_to_s16",
+    "wav_header",
+]
+
+MODEL_RATE = 24000
+Encoding = Literal["pcm_s16le", "pcm_f32le", "ulaw"]
+Float32Array = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    name: str
+    encoding: Encoding
+    sample_rate: int
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return {"pcm_s16le": 2, "pcm_f32le": 4, "ulaw": 1}[self.encoding]
+
+    @property
+    def bytes_per_second(self) -> int:
+        return self.bytes_per_sample * self.sample_rate
+
+    @property
+    def mime_type(self) -> str:
+        if self.encoding == "pcm_s16le":
+            return f"audio/L16;rate={self.sample_rate};channels=1"
+        if self.encoding == "ulaw":
+            return f"audio/PCMU;rate={self.sample_rate}"
+        return "application/octet-stream"
+
+
+FORMATS: dict[str, AudioFormat] = {
+    f.name: f
+    for f in (
+        AudioFormat("pcm_s16le_24000", "pcm_s16le", 24000),
+        AudioFormat("pcm_f32le_24000", "pcm_f32le", 24000),
+        AudioFormat("pcm_s16le_16000", "pcm_s16le", 16000),
+        AudioFormat("pcm_s16le_8000", "pcm_s16le", 8000),
+        AudioFormat("ulaw_8000", "ulaw", 8000),
+    )
+}
+# Short names a client may use; the `ready` message always echoes the canonical one.
+ALIASES = {
+    "pcm_s16le": "pcm_s16le_24000",
+    "pcm_f32le": "pcm_f32le_24000",
+    "pcm": "pcm_s16le_24000",
+    "pcm_24000": "pcm_s16le_24000",
+    "pcm_16000": "pcm_s16le_16000",
+    "pcm_8000": "pcm_s16le_8000",
+    "ulaw": "ulaw_8000",
+    "mulaw_8000": "ulaw_8000",
+}
+
+
+def get_format(name: str) -> AudioFormat:
+    """The format called ``name`` (canonical or alias); ValueError naming the valid ones."""
+    fmt = FORMATS.get(ALIASES.get(name, name))
+    if fmt is None:
+        names = ", ".join([*FORMATS, *ALIASES])
+        raise ValueError(f"unknown audio format {name!r}; use one of: {names}")
+    return fmt
+
+
+# -- sample conversions ----------------------------------------------------------------------
+
+
+def float_to_s16(x: npt.ArrayLike) -> npt.NDArray[np.int16]:
+    """float in [-1, 1] -> int16, rounded, out-of-range values clipped (no wrap-around)."""
+    a = np.asarray(x, dtype=np.float32)
+    out: npt.NDArray[np.int16] = np.clip(np.rint(a * np.float32(32767.0)), -32768, 32767).astype(
+        np.int16
+    )
+    return out
+
+
+_ULAW_SEG_END = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF], dtype=np.int32)
+
+
+def s16_to_ulaw(s16: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+    """G.711 mu-law bytes of 16-bit samples (bit-exact with ``audioop.lin2ulaw(b, 2)``)."""
+    x = np.asarray(s16, dtype=np.int16).astype(np.int32) >> 2  # 14-bit magnitude domain
+    mask = np.where(x < 0, 0x7F, 0xFF)
+    mag = np.minimum(np.abs(x), 8159) + 33  # clip, then add the bias (0x84 >> 2)
+    seg = np.searchsorted(_ULAW_SEG_END, mag, side="left")
+    uval = (np.minimum(seg, 7) << 4) | ((mag >> (np.minimum(seg, 7) + 1)) & 0xF)
+    uval = np.where(seg >= 8, 0x7F, uval)
+    return (uval ^ mask).astype(np.uint8)
+
+
+def _ulaw_table() -> npt.NDArray[np.int16]:
+    u = ~np.arange(256, dtype=np.int32) & 0xFF
+    t = (((u & 0x0F) << 3) + 0x84) << ((u & 0x70) >> 4)
+    return np.where(u & 0x80, 0x84 - t, t - 0x84).astype(np.int16)
+
+
+_ULAW_TO_S16 = _ulaw_table()
+
+
+def ulaw_to_s16(u: npt.ArrayLike) -> npt.NDArray[np.int16]:
+    """Mu-law bytes -> 16-bit samples (as ``audioop.ulaw2lin(b, 2)``)."""
+    out: npt.NDArray[np.int16] = _ULAW_TO_S16[np.asarray(u, dtype=np.uint8)]
+    return out
+
+
+def decode_audio(data: bytes, fmt: AudioFormat) -> Float32Array:
+    """Bytes of ``fmt`` -> float32 samples in [-1, 1] (clients, tests)."""
+    if fmt.encoding == "pcm_f32le":
+        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+    if fmt.encoding == "pcm_s16le":
+        return (np.frombuffer(data, dtype="<i2").astype(np.float32) / np.float32(32767.0)).astype(
+            np.float32
+        )
+    return (
+        ulaw_to_s16(np.frombuffer(data, dtype=np.uint8)).astype(np.float32) / np.float32(32767.0)
+    ).astype(np.float32)
+
+
+def _encode_samples(x: Float32Array, fmt: AudioFormat) -> bytes:
+    if fmt.encoding == "pcm_f32le":
+        return x.astype("<f4", copy=False).tobytes()
+    s16 = float_to_s16(x)
+    if fmt.encoding == "pcm_s16le":
+        return s16.astype("<i2", copy=False).tobytes()
+    return s16_to_ulaw(s16).tobytes()
+
+
+def wav_header(
+    sample_rate: int, encoding: Encoding = "pcm_s16le", data_bytes: int | None = None
+) -> bytes:
+    """A RIFF/WAVE header; ``data_bytes=None`` = unknown length (streaming: sizes 0xFFFFFFFF)."""
+    tag, width = {"pcm_s16le": (1, 2), "pcm_f32le": (3, 4), "ulaw": (7, 1)}[encoding]
+    size = 0xFFFFFFFF if data_bytes is None else data_bytes
+    riff = 0xFFFFFFFF if data_bytes is None else 36 + data_bytes
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, tag, 1, sample_rate, sample_rate * width, width, 8 * width)
+        + b"data"
+        + struct.pack("<I", size)
+    )
+
+
+class StreamEncoder:
+    """float32 chunks at ``input_rate`` -> bytes of ``fmt``, one continuous stream.
+
+    ``encode`` may return fewer samples than it was given (the resampler's
+    delay); ``flush`` returns the rest at the end of the stream.
+    """
+
+    def __init__(self, fmt: AudioFormat, input_rate: int = MODEL_RATE, quality: str = "HQ") -> None:
+        self.format = fmt
+        self.input_rate = input_rate
+        self._resampler: Any = None
+        if fmt.sample_rate != input_rate:
+            import soxr
+
+            self._resampler = soxr.ResampleStream(
+                input_rate, fmt.sample_rate, 1, dtype="float32", quality=quality
+            )
+        self.samples_in = 0
+        self.samples_out = 0
+        self._flushed = False
+
+    def encode(self, pcm: npt.ArrayLike) -> bytes:
+        x = np.ascontiguousarray(pcm, dtype=np.float32).reshape(-1)
+        self.samples_in += x.shape[0]
+        if self._resampler is not None:
+            if x.shape[0] == 0:
+                return b""
+            x = np.asarray(self._resampler.resample_chunk(x), dtype=np.float32)
+        self.samples_out += x.shape[0]
+        return _encode_samples(x, self.format) if x.shape[0] else b""
+
+    def flush(self) -> bytes:
+        """The resampler's tail; call once at the end of the stream (later calls return b"")."""
+        if self._resampler is None or self._flushed:
+            return b""
+        self._flushed = True
+        x = np.asarray(
+            self._resampler.resample_chunk(np.zeros(0, np.float32), last=True), dtype=np.float32
+        )
+        self.samples_out += x.shape[0]
+        return _encode_samples(x, self.format) if x.shape[0] else b""

@@ -1,0 +1,330 @@
+"""Async client of a ``streamtts serve`` server (the ``/v1/stream`` WebSocket protocol).
+
+::
+
+    client = StreamClient("ws://127.0.0.1:8000", seed=1)
+    async for pcm in client.stream("Hello there. How are you?"):   # float32 mono
+        ...
+    async for pcm in client.stream(llm_tokens()):                    # text streamed in
+        ...
+
+For more control (segments, stats, flush, cancel), open a session::
+
+    async with client.session() as s:
+        await s.send_text("Hello")
+        await s.end()
+        async for event in s:       # Audio | SegmentInfo | Done | Error (non-fatal)
+            ...
+
+A fatal server error (``error`` with ``fatal: true``) or a close without
+``done`` raises :class:`ServerError` with the server's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from .audio_format import AudioFormat, decode_audio, get_format
+from .config import SamplingParams
+from .server.protocol import Done, Error, Ready, SegmentInfo
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Audio", "ClientSession", "ServerError", "StreamClient", "stream_url"]
+
+_SERVER_DECODER: msgspec.json.Decoder[Ready | SegmentInfo | Done | Error] = msgspec.json.Decoder(
+    Ready | SegmentInfo | Done | Error
+)
+_ENCODER = msgspec.json.Encoder()
+
+
+class ServerError(Exception):
+    """The server refused or ended the session with an error."""
+
+    def __init__(self, code: str, message: str, close_code: int | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.close_code = close_code
+
+
+@dataclass(slots=True)
+class Audio:
+    """One binary frame: ``pcm`` float32 in [-1, 1] at ``sample_rate``; ``data`` as sent."""
+
+    pcm: npt.NDArray[np.float32]
+    data: bytes
+    sample_rate: int
+
+
+Event = Audio | SegmentInfo | Done | Error
+
+
+def stream_url(server: str) -> str:
+    """``ws://host:port`` (or http://, or a bare host:port) -> the ``/v1/stream`` URL."""
+    if "://" not in server:
+        server = "ws://" + server
+    u = urllib.parse.urlsplit(server)
+    scheme = {"http": "ws", "https": "wss"}.get(u.scheme, u.scheme)
+    path = u.path if u.path not in ("", "/") else "/v1/stream"
+    return urllib.parse.urlunsplit((scheme, u.netloc, path, u.query, ""))
+
+
+def http_base(server: str) -> str:
+    u = urllib.parse.urlsplit(stream_url(server))
+    return urllib.parse.urlunsplit(({"ws": "http", "wss": "https"}[u.scheme], u.netloc, "", "", ""))
+
+
+class ClientSession:
+    """One open ``/v1/stream`` session; iterate it for events."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+        self.ready: Ready | None = None
+        self.format: AudioFormat | None = None
+        self.segments: list[SegmentInfo] = []
+        self.errors: list[Error] = []
+        self.done: Done | None = None
+
+    async def _send(self, obj: dict[str, Any]) -> None:
+        await self._ws.send(_ENCODER.encode(obj).decode("utf-8"))
+
+    async def start(self, **settings: Any) -> None:
+        await self._send({"type": "start", **{k: v for k, v in settings.items() if v is not None}})
+
+    async def send_text(self, text: str, flush: bool = False) -> None:
+        msg: dict[str, Any] = {"type": "text", "text": text}
+        if flush:
+            msg["flush"] = True
+        await self._send(msg)
+
+    async def flush(self) -> None:
+        await self._send({"type": "flush"})
+
+    async def end(self) -> None:
+        await self._send({"type": "end"})
+
+    async def cancel(self) -> None:
+        await self._send({"type": "cancel"})
+
+    async def close(self) -> None:
+        await self._ws.close()
+
+    async def _wait_ready(self) -> None:
+        """The answer to ``start``: ``ready``, or an error (raised: the settings were refused)."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            msg = await self._ws.recv()
+        except ConnectionClosed as exc:
+            raise ServerError(
+                "connection_closed", f"closed before `ready`: {exc}", _close_code(exc)
+            ) from exc
+        ev = _SERVER_DECODER.decode(msg) if isinstance(msg, str) else None
+        if isinstance(ev, Ready):
+            self.ready = ev
+            self.format = get_format(ev.format)
+            return
+        if isinstance(ev, Error):
+            self.errors.append(ev)
+            if ev.fatal:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._ws.wait_closed(), 2.0)
+            raise ServerError(ev.code, ev.message, self._ws.close_code)
+        raise ServerError("protocol_error", f"expected `ready`, got {msg!r:.80}")
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for msg in self._ws:
+                if isinstance(msg, bytes):
+                    fmt = self.format or get_format("pcm_s16le_24000")
+                    yield Audio(decode_audio(msg, fmt), msg, fmt.sample_rate)
+                    continue
+                ev = _SERVER_DECODER.decode(msg)
+                if isinstance(ev, Ready):
+                    self.ready = ev
+                    self.format = get_format(ev.format)
+                elif isinstance(ev, SegmentInfo):
+                    self.segments.append(ev)
+                    yield ev
+                elif isinstance(ev, Done):
+                    self.done = ev
+                    yield ev
+                elif isinstance(ev, Error):
+                    self.errors.append(ev)
+                    if ev.fatal:
+                        # The close frame follows at once: wait for it, to report its code too.
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(self._ws.wait_closed(), 2.0)
+                        raise ServerError(ev.code, ev.message, self._ws.close_code)
+                    log.warning("server: %s: %s", ev.code, ev.message)
+                    yield ev
+        except ConnectionClosed as exc:
+            if self.done is None:
+                raise ServerError(
+                    "connection_closed",
+                    f"the connection closed before `done`: {exc}",
+                    _close_code(exc),
+                ) from exc
+        if self.done is None:
+            code = self._ws.close_code
+            raise ServerError(
+                "connection_closed",
+                f"the server closed the session (code {code}) before `done`",
+                code,
+            )
+
+
+def _close_code(exc: Any) -> int | None:
+    rcvd = getattr(exc, "rcvd", None)
+    return getattr(rcvd, "code", None)
+
+
+class StreamClient:
+    """Settings shared by the sessions it opens (each may override them)."""
+
+    def __init__(
+        self,
+        server: str = "ws://127.0.0.1:8000",
+        *,
+        token: str | None = None,
+        voice: str | None = None,
+        language: str | None = None,
+        instruction: str | None = None,
+        seed: int | None = None,
+        sampling: SamplingParams | dict[str, Any] | None = None,
+        format: str = "pcm_f32le_24000",
+        min_chars: int | None = None,
+        clause_min_chars: int | None = None,
+        max_new_tokens: int | None = None,
+        open_timeout: float = 10.0,
+    ) -> None:
+        self.url = stream_url(server)
+        self.token = token
+        self.open_timeout = open_timeout
+        self.settings: dict[str, Any] = {
+            "voice": voice,
+            "language": language,
+            "instruction": instruction,
+            "seed": seed,
+            "sampling": msgspec.to_builtins(sampling)
+            if isinstance(sampling, SamplingParams)
+            else sampling,
+            "format": format,
+            "min_chars": min_chars,
+            "clause_min_chars": clause_min_chars,
+            "max_new_tokens": max_new_tokens,
+        }
+
+    @contextlib.asynccontextmanager
+    async def session(self, **overrides: Any) -> AsyncIterator[ClientSession]:
+        """Open a session and send its ``start``; closed when the block is left."""
+        import websockets
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        try:
+            ws = await websockets.connect(
+                self.url,
+                additional_headers=headers,
+                open_timeout=self.open_timeout,
+                max_size=None,
+                compression=None,
+            )
+        except websockets.InvalidStatus as exc:
+            status = exc.response.status_code
+            raise ServerError(
+                "unauthorized" if status == 401 else "refused", f"HTTP {status} from {self.url}"
+            ) from exc
+        from websockets.exceptions import ConnectionClosed
+
+        s = ClientSession(ws)
+        try:
+            try:
+                await s.start(**{**self.settings, **overrides})
+            except ConnectionClosed:
+                pass  # refused at once (overloaded): its error message is still to be read
+            await s._wait_ready()
+            yield s
+        finally:
+            await ws.close()
+
+    async def stream(
+        self, text: str | Iterable[str] | AsyncIterable[str], **overrides: Any
+    ) -> AsyncIterator[npt.NDArray[np.float32]]:
+        """Speak ``text`` (a string, or pieces such as LLM tokens); yields float32 PCM."""
+        async with self.session(**overrides) as s:
+            sender = asyncio.create_task(_send_all(s, text))
+            try:
+                async for ev in s:
+                    if isinstance(ev, Audio):
+                        yield ev.pcm
+                    elif isinstance(ev, Done):
+                        break
+                await sender  # raises if sending failed
+            finally:
+                if not sender.done():
+                    sender.cancel()
+                    await asyncio.gather(sender, return_exceptions=True)
+
+    async def synthesize(self, text: str, **overrides: Any) -> npt.NDArray[np.float32]:
+        parts = [pcm async for pcm in self.stream(text, **overrides)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    async def upload_voice(self, clip: bytes | str | Path, name: str = "") -> str:
+        """Upload a reference clip's bytes; returns the voice id for ``voice=``."""
+        data = clip if isinstance(clip, bytes) else Path(clip).expanduser().read_bytes()
+        url = (
+            http_base(self.url)
+            + "/v1/voices"
+            + (f"?name={urllib.parse.quote(name)}" if name else "")
+        )
+        headers = {"Content-Type": "application/octet-stream"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+
+        def post() -> dict[str, Any]:
+            req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    out: dict[str, Any] = json.loads(resp.read())
+                    return out
+            except urllib.error.HTTPError as exc:
+                try:
+                    err = json.loads(exc.read())["error"]
+                except Exception:
+                    raise ServerError("http_error", f"HTTP {exc.code} from {url}") from exc
+                raise ServerError(err.get("code", "http_error"), err.get("message", "")) from exc
+
+        result = await asyncio.to_thread(post)
+        return str(result["voice_id"])
+
+
+async def _send_all(s: ClientSession, text: str | Iterable[str] | AsyncIterable[str]) -> None:
+    if isinstance(text, str):
+        await s.send_text(text)
+    elif isinstance(text, AsyncIterable):
+        async for piece in text:
+            await s.send_text(piece)
+    else:
+        for piece in text:
+            await s.send_text(piece)
+    await s.end()

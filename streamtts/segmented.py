@@ -1,0 +1,344 @@
+"""Speak a sequence of text segments back to back, in one voice, without seams.
+
+Each segment is its own generation (``engine.stream``). This module chains
+them for the server (streamed text, long inputs) and for any caller with text
+longer than one generation fits in the context:
+
+* **One voice.** With a reference voice every segment uses it. Without one,
+  the first segment's own codes (its first ``continuity_frames`` frames)
+  become the reference of every later segment, so the speaker never changes
+  mid-way. Until that voice exists, segments run one at a time. The default
+  of 16 frames (1.28 s) is a trade-off: a longer reference clones more
+  surely, but segment 1 cannot start before segment 0 has produced it, and
+  segment 1's first audio (32 steps after its start) must arrive before
+  segment 0's audio has finished playing. Segment 1 starts at segment 0's
+  step 16 + 31, so it is ready in time whenever segment 0 has at least
+  about 49 frames, and otherwise needs a client buffer of (49 - frames of
+  segment 0) steps: at a real-time factor of 0.75 (60 ms steps), a 3 s
+  first segment (37 frames) needs 0.72 s, and a client holds about 0.84 s
+  then (0.74 s generated ahead plus a 0.1 s pre-roll). With 25 frames the
+  same case would need 1.26 s: a gap.
+* **Pipelining.** Once the voice is fixed, segment n+1 starts generating
+  while segment n is still generating (``lookahead`` segments ahead; its
+  chunks wait in memory), so it is ready before segment n finishes playing.
+* **Clean joins.** Separate generations do not continue each other's
+  waveform, so a join could step from one level to another (a click). Each
+  segment gets a ``fade_ms`` raised-cosine fade-in at its start and fade-out
+  at its end (5 ms by default: inaudible as a fade, enough to remove the
+  step). The fade-out needs the segment's last samples, so the last
+  ``fade_ms`` of every chunk is held back until the next chunk (or the
+  segment's end) arrives; the audio is otherwise untouched.
+* **Seeds.** With a seed S, segment i uses seed S + i: reproducible, yet
+  segments do not repeat each other's sampling noise.
+
+Cancelling (``aclose()`` of :meth:`SegmentedSpeech.events`, or cancelling the
+task that iterates it) aborts every generation of the pipeline at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from .prepare import Voice
+from .request import AudioChunk, StreamOptions, StreamStats
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_CONTINUITY_FRAMES",
+    "DEFAULT_FADE_MS",
+    "SegmentAudio",
+    "SegmentDone",
+    "SegmentFailed",
+    "SegmentJoiner",
+    "SegmentedSpeech",
+    "speak_segments",
+]
+
+SAMPLE_RATE = 24000
+FRAME_SAMPLES = 1920
+DEFAULT_FADE_MS = 5.0
+DEFAULT_CONTINUITY_FRAMES = 16  # the first 1.28 s of the first segment become the voice of the rest
+_SEED_MASK = (1 << 63) - 1
+
+Float32Array = npt.NDArray[np.float32]
+
+
+class SegmentJoiner:
+    """Fade-in at a segment's start, fade-out at its end, holding back the tail of each chunk."""
+
+    def __init__(self, fade_samples: int) -> None:
+        self.fade = max(0, int(fade_samples))
+        n = self.fade
+        # Raised cosine from ~0 to ~1 over n samples (never exactly 0 or 1 inside the ramp).
+        self._ramp = (
+            (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32) if n else None
+        )
+        self._tail = np.zeros(0, np.float32)  # held back for the fade-out
+        self._pos = 0  # samples of this segment received so far
+
+    def push(self, pcm: npt.ArrayLike, last: bool) -> Float32Array:
+        """Return the samples that can go out now; with ``last`` the segment's remainder."""
+        new = np.array(pcm, dtype=np.float32).reshape(-1)  # a copy: the caller's chunk stays intact
+        n = self.fade
+        if self._ramp is not None and self._pos < n and new.shape[0]:  # fade-in by segment position
+            k = min(n - self._pos, new.shape[0])
+            new[:k] *= self._ramp[self._pos : self._pos + k]
+        self._pos += new.shape[0]
+        x = np.concatenate([self._tail, new]) if self._tail.shape[0] else new
+        if self._ramp is None:
+            return x
+        if last:
+            k = min(n, x.shape[0])
+            if k:
+                x[x.shape[0] - k :] *= self._ramp[::-1][n - k :]
+            self._tail = np.zeros(0, np.float32)
+            return x
+        cut = max(0, x.shape[0] - n)
+        self._tail = x[cut:].copy()
+        return x[:cut]
+
+
+@dataclass(slots=True)
+class SegmentAudio:
+    """New audio of segment ``index`` (float32 24 kHz, joins already faded)."""
+
+    index: int
+    pcm: Float32Array
+    frames: int  # audio frames this event completes (0 for a held-back tail)
+
+
+@dataclass(slots=True)
+class SegmentDone:
+    index: int
+    text: str
+    start_frame: int  # in the whole pipeline's audio
+    frames: int
+    stats: StreamStats
+
+
+@dataclass(slots=True)
+class SegmentFailed:
+    index: int
+    text: str
+    error: BaseException
+
+
+SegmentEvent = SegmentAudio | SegmentDone | SegmentFailed
+
+
+@dataclass(slots=True)
+class _Gen:
+    index: int
+    text: str
+    items: deque[AudioChunk | BaseException | None] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+    stats: StreamStats | None = None
+    codes: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    frames: int = 0  # frames collected towards the session voice
+    joiner: SegmentJoiner | None = None  # set when its audio starts going out
+    start: int = 0  # its first frame in the pipeline's audio
+
+
+class SegmentedSpeech:
+    """Segments in (``add``, ``end``), ordered audio events out (``events()``).
+
+    ``engine`` is a started :class:`streamtts.engine.Engine` (anything with its
+    ``stream(text, reference=, options=)``).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        reference: Voice | None = None,
+        options: StreamOptions | None = None,
+        lookahead: int = 1,
+        continuity_frames: int = DEFAULT_CONTINUITY_FRAMES,
+        fade_ms: float = DEFAULT_FADE_MS,
+    ) -> None:
+        self.engine = engine
+        self.reference = reference
+        self.options = options or StreamOptions()
+        self.lookahead = max(0, lookahead)
+        self.continuity_frames = max(1, continuity_frames)
+        self.fade_samples = int(round(fade_ms * SAMPLE_RATE / 1000.0))
+        self._pending: deque[tuple[int, str]] = deque()
+        self._active: deque[_Gen] = deque()
+        self._n_added = 0
+        self._ended = False
+        self._wake = asyncio.Event()
+        self.frames = 0  # audio frames handed out so far
+        self.t_first_text: float | None = None
+        self.t_first_audio: float | None = None
+
+    # -- input -------------------------------------------------------------------------------
+    def add(self, text: str) -> int:
+        """Queue one segment; returns its index."""
+        if self._ended:
+            raise RuntimeError("add() after end()")
+        i = self._n_added
+        self._n_added += 1
+        self._pending.append((i, text))
+        if self.t_first_text is None:
+            self.t_first_text = time.monotonic()
+        self._wake.set()
+        return i
+
+    def end(self) -> None:
+        """No more segments: ``events()`` finishes after the last one."""
+        self._ended = True
+        self._wake.set()
+
+    @property
+    def busy(self) -> bool:
+        """Segments queued or generating."""
+        return bool(self._pending or self._active)
+
+    # -- output -----------------------------------------------------------------------------
+    async def events(self) -> AsyncGenerator[SegmentEvent, None]:
+        try:
+            while True:
+                self._wake.clear()
+                self._start_ready()
+                progressed = False
+                if self._active:
+                    async for ev in self._drain(self._active[0]):
+                        progressed = True
+                        yield ev
+                if self._ended and not self._pending and not self._active:
+                    return
+                if not progressed:
+                    await self._wake.wait()
+        finally:
+            await self._cancel_all()
+
+    def _voice_ready(self) -> bool:
+        return self.reference is not None
+
+    def _start_ready(self) -> None:
+        while self._pending:
+            if self._active and not (self._voice_ready() and len(self._active) <= self.lookahead):
+                return  # one at a time until the voice is fixed; then `lookahead` ahead
+            i, text = self._pending.popleft()
+            g = _Gen(i, text)
+            g.task = asyncio.create_task(self._run(g), name=f"segment-{i}")
+            self._active.append(g)
+
+    def _segment_options(self, index: int) -> StreamOptions:
+        seed = self.options.seed
+        if seed is None:
+            return self.options
+        return msgspec.structs.replace(self.options, seed=(seed + index) & _SEED_MASK)
+
+    async def _run(self, g: _Gen) -> None:
+        try:
+            s = self.engine.stream(
+                g.text, reference=self.reference, options=self._segment_options(g.index)
+            )
+            g.stats = s.stats
+            async with s:
+                async for chunk in s:
+                    g.items.append(chunk)
+                    self._collect_voice(g, chunk)
+                    self._wake.set()
+            g.items.append(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # reported in order as SegmentFailed
+            g.items.append(exc)
+        finally:
+            self._finish_voice(g)
+            self._wake.set()
+
+    def _collect_voice(self, g: _Gen, chunk: AudioChunk) -> None:
+        if self.reference is not None or chunk.codes.shape[0] == 0:
+            return
+        g.codes.append(chunk.codes)
+        g.frames += chunk.codes.shape[0]
+        if g.frames >= self.continuity_frames:
+            self._set_voice(g)
+
+    def _finish_voice(self, g: _Gen) -> None:
+        if self.reference is None and g.frames > 0:
+            self._set_voice(g)
+
+    def _set_voice(self, g: _Gen) -> None:
+        codes = np.concatenate(g.codes)[: self.continuity_frames]
+        self.reference = Voice(
+            codes=np.ascontiguousarray(codes, dtype=np.int64), name=f"segment-{g.index}"
+        )
+        g.codes = []
+        log.debug("voice fixed from segment %d (%d frames)", g.index, codes.shape[0])
+        self._wake.set()
+
+    async def _drain(self, g: _Gen) -> AsyncIterator[SegmentEvent]:
+        """Forward what segment ``g`` has produced so far; pop it when it is complete."""
+        if g.joiner is None:
+            g.joiner = SegmentJoiner(self.fade_samples)
+            g.start = self.frames
+        joiner = g.joiner
+        while g.items:
+            item = g.items.popleft()
+            if isinstance(item, AudioChunk):
+                n = len(item.frames)
+                pcm = joiner.push(item.pcm, last=False)
+                self.frames += n
+                if self.t_first_audio is None and pcm.shape[0]:
+                    self.t_first_audio = time.monotonic()
+                yield SegmentAudio(g.index, pcm, n)
+                continue
+            self._active.popleft()
+            tail = joiner.push(np.zeros(0, np.float32), last=True)
+            if tail.shape[0]:
+                yield SegmentAudio(g.index, tail, 0)
+            if item is None:
+                assert g.stats is not None
+                yield SegmentDone(g.index, g.text, g.start, self.frames - g.start, g.stats)
+            else:
+                yield SegmentFailed(g.index, g.text, item)
+            return
+
+    async def _cancel_all(self) -> None:
+        tasks = [g.task for g in self._active if g.task is not None and not g.task.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._active.clear()
+        self._pending.clear()
+
+
+async def speak_segments(
+    engine: Any,
+    segments: Iterable[str],
+    *,
+    raise_errors: bool = True,
+    **kwargs: Any,
+) -> AsyncIterator[SegmentEvent]:
+    """All ``segments`` in one voice (``kwargs`` as :class:`SegmentedSpeech`).
+
+    With ``raise_errors`` a failed segment raises its error (and aborts the
+    rest); otherwise it is reported as :class:`SegmentFailed` and the next
+    segment follows.
+    """
+    sp = SegmentedSpeech(engine, **kwargs)
+    for text in segments:
+        sp.add(text)
+    sp.end()
+    async with contextlib.aclosing(sp.events()) as events:
+        async for ev in events:
+            if raise_errors and isinstance(ev, SegmentFailed):
+                raise ev.error
+            yield ev

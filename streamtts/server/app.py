@@ -1,0 +1,200 @@
+"""The ASGI app: Starlette routes, served by uvicorn with the ``websockets`` library.
+
+Why this stack: the WebSocket protocol itself is handled by ``websockets``
+(uvicorn's ``websockets-sansio`` implementation drives its sans-I/O
+``ServerProtocol``), and streaming HTTP (the OpenAI endpoint) by uvicorn's
+HTTP/1.1 server, on one port; Starlette only routes. Nothing here writes HTTP
+or WebSocket framing by hand.
+
+Routes::
+
+    GET  /                   the browser page (static/index.html)
+    GET  /static/*           its script
+    WS   /v1/stream          the streaming protocol (ws.py, docs/protocol.md)
+    POST /v1/audio/speech    OpenAI-compatible speech (speech_http.py)
+    POST /v1/voices          upload a reference clip -> voice id
+    GET  /v1/voices          ids of the cached voices
+    DELETE /v1/voices/{id}
+    GET  /healthz            200 when ready, 503 while loading or closing
+    GET  /metrics            Prometheus text
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from ..errors import ReferenceAudioError, StreamTTSError
+from ..prepare import Voice
+from .metrics import CONTENT_TYPE
+from .protocol import ErrorCode
+from .speech_http import check_access, error_response, read_body, speech_endpoint
+from .state import ServerSettings, ServerState
+from .voices import VoiceStore
+from .ws import websocket_endpoint
+
+log = logging.getLogger(__name__)
+
+__all__ = ["create_app"]
+
+STATIC = Path(__file__).parent / "static"
+WARMUP_TEXT = "Warming up."
+
+
+def create_app(
+    engine: Any, settings: ServerSettings | None = None, *, own_engine: bool = True
+) -> Starlette:
+    """The app around ``engine`` (started in the lifespan if it is not yet).
+
+    ``own_engine``: close the engine when the app shuts down.
+    """
+    settings = (settings or ServerSettings()).validate()
+
+    async def encode(data: bytes) -> Voice:
+        v: Voice = await engine.encode_voice(data)
+        return v
+
+    state = ServerState(engine, settings, VoiceStore(encode, settings.voice_cache_size))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        if settings.warmup:
+            # The first generation pays one-off costs (thread start-up, ONNX session warm-up);
+            # pay them before the first client does.
+            await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
+        state.ready = True
+        log.info("streamtts server ready (max %d sessions)", settings.max_sessions)
+        try:
+            yield
+        finally:
+            state.closing = True
+            state.ready = False
+            if own_engine:
+                await engine.aclose()
+
+    middleware = []
+    if settings.allowed_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(settings.allowed_origins),
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["authorization", "content-type"],
+            )
+        )
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Route("/healthz", healthz),
+            Route("/metrics", metrics),
+            Route("/v1/audio/speech", speech_endpoint, methods=["POST"]),
+            Route("/v1/voices", upload_voice, methods=["POST"]),
+            Route("/v1/voices", list_voices, methods=["GET"]),
+            Route("/v1/voices/{voice_id}", delete_voice, methods=["DELETE"]),
+            WebSocketRoute("/v1/stream", websocket_endpoint),
+            Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+        ],
+        middleware=middleware,
+        lifespan=lifespan,
+    )
+    app.state.streamtts = state
+    return app
+
+
+def _state(request: Request) -> ServerState:
+    s: ServerState = request.app.state.streamtts
+    return s
+
+
+async def index(request: Request) -> Response:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+
+async def healthz(request: Request) -> Response:
+    s = _state(request)
+    e = s.engine
+    body = {
+        "status": "ok" if s.ready else ("closing" if s.closing else "starting"),
+        "active_streams": e.active_streams,
+        "queued_streams": e.queued_streams,
+        "max_streams": e.config.max_streams,
+        "sessions": s.sessions,
+        "max_sessions": s.settings.max_sessions,
+        "voices": len(s.voices),
+    }
+    return JSONResponse(body, status_code=200 if s.ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def upload_voice(request: Request) -> Response:
+    s = _state(request)
+    m = s.metrics
+    denied = check_access(s, request)
+    if denied is not None:
+        return denied
+    data = await read_body(request, s.settings.max_voice_bytes)
+    if data is None:
+        m.errors_total.inc(code=ErrorCode.MESSAGE_TOO_LARGE)
+        return error_response(
+            413, ErrorCode.MESSAGE_TOO_LARGE, f"clip over {s.settings.max_voice_bytes} bytes"
+        )
+    if not data:
+        m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
+        return error_response(
+            400,
+            ErrorCode.INVALID_REFERENCE_AUDIO,
+            "empty body: send the clip's bytes (wav, flac, ogg)",
+        )
+    try:
+        info = await s.voices.add(data, name=request.query_params.get("name", ""))
+    except ReferenceAudioError as exc:
+        m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
+        return error_response(400, ErrorCode.INVALID_REFERENCE_AUDIO, str(exc))
+    except StreamTTSError as exc:
+        log.exception("voice upload failed")
+        m.errors_total.inc(code=ErrorCode.INTERNAL_ERROR)
+        return error_response(500, ErrorCode.INTERNAL_ERROR, str(exc), "server_error")
+    return JSONResponse(
+        {
+            "voice_id": info.voice_id,
+            "frames": info.frames,
+            "seconds": info.seconds,
+            "name": info.name,
+            "cached": info.cached,
+        },
+        status_code=200 if info.cached else 201,
+    )
+
+
+async def list_voices(request: Request) -> Response:
+    s = _state(request)
+    denied = check_access(s, request)
+    if denied is not None:
+        return denied
+    return JSONResponse({"voices": s.voices.ids(), "capacity": s.voices.capacity})
+
+
+async def delete_voice(request: Request) -> Response:
+    s = _state(request)
+    denied = check_access(s, request)
+    if denied is not None:
+        return denied
+    vid = request.path_params["voice_id"]
+    if not s.voices.delete(vid):
+        return error_response(404, ErrorCode.NOT_FOUND, f"no voice {vid!r}")
+    return JSONResponse({"deleted": vid})

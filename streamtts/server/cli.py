@@ -1,0 +1,185 @@
+"""``streamtts serve``: one asyncio process serving WebSocket + HTTP on one port."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from ..segmented import DEFAULT_CONTINUITY_FRAMES
+from ..segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "STREAMTTS_TOKEN"
+
+
+def add_parser(sub: Any) -> None:
+    from ..cli import _add_model_args
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="serve the streaming WebSocket protocol, OpenAI-compatible HTTP and a browser page",
+    )
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=8000, help="port (0 = any free port; the bound port is printed)"
+    )
+    p.add_argument("--queue-size", type=int, help="override the engine's queue_size")
+    p.add_argument(
+        "--max-sessions", type=int, help="sessions at once (default: the engine's max_streams)"
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"bearer token required on /v1/* (or ${TOKEN_ENV})",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        help="browser origin allowed besides the server's own (repeatable; * = any)",
+    )
+    p.add_argument(
+        "--idle-timeout", type=float, default=60.0, help="close a session quiet this long (s)"
+    )
+    p.add_argument("--ping-interval", type=float, default=20.0, help="WebSocket ping interval (s)")
+    p.add_argument(
+        "--ping-timeout",
+        type=float,
+        default=20.0,
+        help="close when a ping is unanswered this long (s)",
+    )
+    p.add_argument(
+        "--max-message-bytes", type=int, default=64 * 1024, help="largest client message"
+    )
+    p.add_argument("--max-text-chars", type=int, default=10_000, help="largest text per message")
+    p.add_argument("--max-session-chars", type=int, default=200_000, help="most text per session")
+    p.add_argument(
+        "--send-buffer", type=float, default=30.0, help="audio seconds queued per client"
+    )
+    p.add_argument(
+        "--send-stall",
+        type=float,
+        default=10.0,
+        help="window (s) in which a client with a full buffer must keep reading",
+    )
+    p.add_argument(
+        "--min-read-rate",
+        type=float,
+        default=0.5,
+        help="audio seconds per second such a client must take, or it is dropped",
+    )
+    p.add_argument(
+        "--min-chars",
+        type=int,
+        default=DEFAULT_MIN_CHARS,
+        help="segmenter: shortest sentence segment",
+    )
+    p.add_argument(
+        "--clause-min-chars",
+        type=int,
+        default=DEFAULT_CLAUSE_MIN_CHARS,
+        help="segmenter: shortest clause segment",
+    )
+    p.add_argument(
+        "--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="segmenter: longest segment"
+    )
+    p.add_argument("--segment-max-new-tokens", type=int, help="cap on generation steps per segment")
+    p.add_argument(
+        "--lookahead", type=int, default=1, help="segments generated ahead of the one playing"
+    )
+    p.add_argument(
+        "--socket-send-buffer",
+        type=int,
+        help="SO_SNDBUF per connection in bytes (default: the kernel's, which may grow to MBs): "
+        "bounds audio buffered in the kernel, so a client that stops reading is noticed sooner",
+    )
+    p.add_argument(
+        "--continuity-frames",
+        type=int,
+        default=DEFAULT_CONTINUITY_FRAMES,
+        help="without a reference: frames of the first segment that become the session's voice",
+    )
+    p.add_argument("--voice-cache", type=int, default=256, help="encoded voices kept (LRU)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    p.set_defaults(handler=serve)
+
+
+def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
+    from .session import SessionSettings
+    from .state import ServerSettings
+
+    session = SessionSettings(
+        max_message_bytes=args.max_message_bytes,
+        max_text_chars=args.max_text_chars,
+        max_session_chars=args.max_session_chars,
+        idle_timeout_s=args.idle_timeout,
+        min_chars=args.min_chars,
+        clause_min_chars=args.clause_min_chars,
+        max_chars=args.max_chars,
+        max_new_tokens=args.segment_max_new_tokens,
+    )
+    return ServerSettings(
+        session=session,
+        max_sessions=args.max_sessions or max_streams,
+        token=args.token or None,
+        allowed_origins=tuple(args.allowed_origin),
+        send_buffer_s=args.send_buffer,
+        send_stall_s=args.send_stall,
+        min_read_rate=args.min_read_rate,
+        ws_max_size=max(1 << 20, 4 * args.max_message_bytes),
+        ping_interval_s=args.ping_interval,
+        ping_timeout_s=args.ping_timeout,
+        voice_cache_size=args.voice_cache,
+        lookahead=args.lookahead,
+        continuity_frames=args.continuity_frames,
+        warmup=not args.no_warmup,
+    ).validate()
+
+
+async def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..engine import Engine
+    from .app import create_app
+
+    if not args.config:
+        print("streamtts: no --config given: using the synthetic demo model", file=sys.stderr)
+    engine = Engine.from_config(
+        args.config,
+        max_streams=args.max_streams,
+        n_threads=args.n_threads,
+        queue_size=args.queue_size,
+    )
+    settings = settings_from_args(args, engine.config.max_streams)
+    app = create_app(engine, settings)
+    sock = socket.create_server((args.host, args.port), reuse_port=False)
+    if args.socket_send_buffer:
+        # Accepted connections inherit the listening socket's SO_SNDBUF (Linux, BSD, macOS).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, args.socket_send_buffer)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        app,
+        ws="websockets-sansio",
+        ws_max_size=settings.ws_max_size,
+        ws_ping_interval=settings.ping_interval_s,
+        ws_ping_timeout=settings.ping_timeout_s,
+        ws_per_message_deflate=False,  # compressing audio costs CPU and latency for nothing
+        lifespan="on",
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    # Tests and scripts read this line to find the port (with --port 0).
+    print(
+        f"streamtts: serving on http://{host}:{port} (WebSocket ws://{host}:{port}/v1/stream)",
+        flush=True,
+    )
+    await server.serve(sockets=[sock])
+    return 0

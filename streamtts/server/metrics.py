@@ -1,0 +1,183 @@
+"""Prometheus text exposition (format 0.0.4), written by us: a few counters,
+gauges and histograms do not justify a dependency.
+
+Everything is updated on the event loop thread, so no locks. Gauges may be
+callbacks (read at scrape time: the engine's active/queued streams).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+__all__ = ["Counter", "Gauge", "Histogram", "Registry", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def _fmt(v: float) -> str:
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    f = float(v)
+    return str(int(f)) if f.is_integer() and abs(f) < 1e15 else repr(f)
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(key: LabelKey, extra: tuple[tuple[str, str], ...] = ()) -> str:
+    items = key + extra
+    if not items:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in items) + "}"
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help: str) -> None:
+        self.name = name
+        self.help = help
+
+    def samples(self) -> Iterable[str]:  # pragma: no cover - overridden
+        return ()
+
+    def render(self) -> str:
+        head = f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.kind}\n"
+        return head + "".join(line + "\n" for line in self.samples())
+
+
+class Counter(_Metric):
+    kind = "counter"
+
+    def __init__(self, name: str, help: str) -> None:
+        super().__init__(name, help)
+        self._values: dict[LabelKey, float] = {}
+
+    def inc(self, value: float = 1.0, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        self._values[key] = self._values.get(key, 0.0) + value
+
+    def value(self, **labels: str) -> float:
+        return self._values.get(tuple(sorted(labels.items())), 0.0)
+
+    def samples(self) -> Iterable[str]:
+        if not self._values:
+            yield f"{self.name} 0"
+        for key, v in sorted(self._values.items()):
+            yield f"{self.name}{_labels(key)} {_fmt(v)}"
+
+
+class Gauge(_Metric):
+    kind = "gauge"
+
+    def __init__(self, name: str, help: str, fn: Callable[[], float] | None = None) -> None:
+        super().__init__(name, help)
+        self._fn = fn
+        self.value = 0.0
+
+    def set(self, v: float) -> None:
+        self.value = v
+
+    def inc(self, v: float = 1.0) -> None:
+        self.value += v
+
+    def dec(self, v: float = 1.0) -> None:
+        self.value -= v
+
+    def samples(self) -> Iterable[str]:
+        yield f"{self.name} {_fmt(self._fn() if self._fn is not None else self.value)}"
+
+
+class Histogram(_Metric):
+    kind = "histogram"
+
+    def __init__(self, name: str, help: str, buckets: Iterable[float]) -> None:
+        super().__init__(name, help)
+        self.buckets = sorted(buckets)
+        self.counts = [0] * len(self.buckets)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        if v != v:  # NaN: nothing to count
+            return
+        self.count += 1
+        self.sum += v
+        for i, b in enumerate(self.buckets):
+            if v <= b:
+                self.counts[i] += 1
+
+    def samples(self) -> Iterable[str]:
+        for b, c in zip(self.buckets, self.counts, strict=True):
+            yield f'{self.name}_bucket{{le="{_fmt(b)}"}} {c}'
+        yield f'{self.name}_bucket{{le="+Inf"}} {self.count}'
+        yield f"{self.name}_sum {_fmt(self.sum)}"
+        yield f"{self.name}_count {self.count}"
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._metrics: list[_Metric] = []
+
+    def add(self, m: _Metric) -> None:
+        self._metrics.append(m)
+
+    def render(self) -> str:
+        return "".join(m.render() for m in self._metrics)
+
+
+class ServerMetrics:
+    """The server's metrics; ``active``/``queued`` read the engine at scrape time."""
+
+    def __init__(self, active: Callable[[], float], queued: Callable[[], float]) -> None:
+        r = self.registry = Registry()
+        self.active_streams = Gauge(
+            "streamtts_active_streams", "Streams holding an engine slot.", active
+        )
+        self.queued_streams = Gauge(
+            "streamtts_queued_streams", "Streams waiting for an engine slot.", queued
+        )
+        self.sessions = Gauge("streamtts_sessions", "Open sessions (WebSocket and HTTP speech).")
+        self.sessions_total = Counter("streamtts_sessions_total", "Sessions accepted, by kind.")
+        self.refused_total = Counter(
+            "streamtts_refused_total", "Sessions refused at the session limit, by kind."
+        )
+        self.errors_total = Counter("streamtts_errors_total", "Errors sent to clients, by code.")
+        self.slow_clients_total = Counter(
+            "streamtts_slow_clients_dropped_total", "Clients dropped because they stopped reading."
+        )
+        self.audio_seconds_total = Counter("streamtts_audio_seconds_total", "Audio seconds sent.")
+        self.segments_total = Counter("streamtts_segments_total", "Text segments synthesised.")
+        self.ttfa = Histogram(
+            "streamtts_ttfa_seconds",
+            "Time to first audio of a session (first segment ready -> first audio queued).",
+            (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+        )
+        self.rtf = Histogram(
+            "streamtts_rtf",
+            "Real-time factor of a finished session (wall time / audio time; < 1 is faster than real time).",
+            (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
+        )
+        for m in (
+            self.active_streams,
+            self.queued_streams,
+            self.sessions,
+            self.sessions_total,
+            self.refused_total,
+            self.errors_total,
+            self.slow_clients_total,
+            self.audio_seconds_total,
+            self.segments_total,
+            self.ttfa,
+            self.rtf,
+        ):
+            r.add(m)
+
+    def render(self) -> str:
+        return self.registry.render()

@@ -1,0 +1,220 @@
+"""Messages of the ``/v1/stream`` WebSocket protocol (see docs/protocol.md).
+
+Every JSON message is a msgspec Struct in a tagged union keyed by ``type``;
+one :data:`DECODER` (built once) decodes client messages, one :data:`ENCODER`
+encodes server messages. Audio goes as binary frames, never as JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..config import SamplingParams
+
+__all__ = [
+    "DECODER",
+    "ENCODER",
+    "Cancel",
+    "ClientMessage",
+    "CloseCode",
+    "Done",
+    "End",
+    "Error",
+    "ErrorCode",
+    "Flush",
+    "Ready",
+    "SegmentInfo",
+    "ServerMessage",
+    "Start",
+    "Text",
+    "decode_client",
+]
+
+PROTOCOL_VERSION = 1
+
+
+# -- client -> server ---------------------------------------------------------------------------
+
+
+class Start(msgspec.Struct, tag="start", kw_only=True, forbid_unknown_fields=True):
+    """Optional first message: the session's settings (all optional)."""
+
+    voice: str | None = None  # a voice id from POST /v1/voices
+    language: str | None = None
+    instruction: str | None = None
+    quality: str | None = None
+    seed: int | None = None
+    sampling: SamplingParams | None = None
+    format: str | None = None  # see streamtts.audio_format.FORMATS (default pcm_s16le_24000)
+    min_chars: int | None = None  # segmenter: minimum length of a sentence segment
+    clause_min_chars: int | None = None  # ... of a segment cut at a clause (comma) boundary
+    max_new_tokens: int | None = None  # per segment
+    normalize: bool | None = None
+
+
+class Text(msgspec.Struct, tag="text", kw_only=True, forbid_unknown_fields=True):
+    """Text to speak: a whole text or one LLM token at a time; ``flush`` = then flush."""
+
+    text: str
+    flush: bool = False
+
+
+class Flush(msgspec.Struct, tag="flush", forbid_unknown_fields=True):
+    """Synthesise what is pending now, even if it is not a whole sentence yet."""
+
+
+class End(msgspec.Struct, tag="end", forbid_unknown_fields=True):
+    """No more text: finish speaking, send ``done``, close."""
+
+
+class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):
+    """Stop now: abort generation, drop unsent audio, send ``done``, close."""
+
+
+ClientMessage = Start | Text | Flush | End | Cancel
+CLIENT_TYPES = ("start", "text", "flush", "end", "cancel")
+
+DECODER: msgspec.json.Decoder[ClientMessage] = msgspec.json.Decoder(ClientMessage)
+
+
+# -- server -> client ---------------------------------------------------------------------------
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    max_message_bytes: int
+    max_text_chars: int  # per text message
+    max_session_chars: int
+    idle_timeout_s: float
+
+
+class Ready(msgspec.Struct, tag="ready", kw_only=True):
+    session: str
+    protocol: int
+    format: str  # canonical format name
+    encoding: str  # pcm_s16le | pcm_f32le | ulaw
+    sample_rate: int
+    channels: int
+    voice: str | None
+    language: str | None
+    seed: int | None
+    min_chars: int
+    clause_min_chars: int
+    limits: Limits
+
+
+class SegmentInfo(msgspec.Struct, tag="segment", kw_only=True):
+    """Sent after the last audio of a segment: which text that stretch of audio speaks."""
+
+    index: int
+    text: str
+    start_frame: int  # 80 ms frames from the start of the session's audio
+    end_frame: int  # exclusive
+    start_s: float
+    end_s: float
+    ttfa_ms: float | None  # this segment's own time to first audio (engine)
+    finish_reason: str
+
+
+class Done(msgspec.Struct, tag="done", kw_only=True):
+    reason: str  # "end" | "cancelled"
+    segments: int
+    frames: int
+    audio_s: float
+    ttfa_ms: float | None  # first segment cut -> first audio byte queued for sending
+    rtf: float | None  # wall time from first segment to last audio / audio seconds
+    chars: int
+
+
+class Error(msgspec.Struct, tag="error", kw_only=True):
+    code: str  # stable, see ErrorCode
+    message: str  # readable, names what was wrong
+    fatal: bool = False  # the server closes the connection after this message
+
+
+ServerMessage = Ready | SegmentInfo | Done | Error
+
+ENCODER = msgspec.json.Encoder()
+
+
+class ErrorCode:
+    """Stable error codes (``Error.code``); docs/protocol.md explains each."""
+
+    INVALID_JSON = "invalid_json"
+    UNKNOWN_TYPE = "unknown_type"
+    INVALID_MESSAGE = "invalid_message"  # wrong field type, missing or unknown field
+    BINARY_NOT_SUPPORTED = "binary_not_supported"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    TEXT_TOO_LONG = "text_too_long"  # one text message over max_text_chars
+    SESSION_TEXT_LIMIT = "session_text_limit"  # the session's text over max_session_chars
+    TEXT_AFTER_END = "text_after_end"
+    ALREADY_STARTED = "already_started"  # a start after the session began
+    NOT_STARTED = "not_started"  # text after a refused start (send a corrected start)
+    UNKNOWN_VOICE = "unknown_voice"
+    INVALID_FORMAT = "invalid_format"
+    INVALID_OPTION = "invalid_option"
+    INVALID_TEXT = "invalid_text"  # a segment the engine refused (empty after normalisation, ...)
+    PROMPT_TOO_LONG = "prompt_too_long"
+    OVERLOADED = "overloaded"
+    QUEUE_TIMEOUT = "queue_timeout"
+    GENERATION_FAILED = "generation_failed"
+    CODEC_ERROR = "codec_error"
+    IDLE_TIMEOUT = "idle_timeout"
+    SLOW_CLIENT = "slow_client"
+    SERVER_SHUTDOWN = "server_shutdown"
+    INTERNAL_ERROR = "internal_error"
+    # HTTP only
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN_ORIGIN = "forbidden_origin"
+    INVALID_REQUEST = "invalid_request"
+    INVALID_REFERENCE_AUDIO = "invalid_reference_audio"
+    NOT_FOUND = "not_found"
+
+
+class CloseCode:
+    """WebSocket close codes the server uses."""
+
+    NORMAL = 1000  # after `done`
+    GOING_AWAY = 1001  # server shutting down
+    POLICY = 1008  # a limit was broken: idle timeout, slow reader
+    TOO_BIG = 1009  # a message over the hard size limit (closed by the websockets library)
+    INTERNAL = 1011  # generation / codec / server failure
+    TRY_AGAIN_LATER = 1013  # overloaded: all sessions / engine queue busy
+
+
+def decode_client(data: str | bytes) -> tuple[ClientMessage | None, Error | None]:
+    """Decode one client text frame; on failure an :class:`Error` with the right code."""
+    try:
+        return DECODER.decode(data), None
+    except msgspec.ValidationError as exc:
+        return None, _classify(data, exc)
+    except msgspec.DecodeError as exc:
+        return None, Error(code=ErrorCode.INVALID_JSON, message=f"not valid JSON: {exc}")
+
+
+def _classify(data: str | bytes, exc: msgspec.ValidationError) -> Error:
+    # Error path only: decode again loosely to tell an unknown `type` from a bad field.
+    try:
+        obj: Any = msgspec.json.decode(data)
+    except msgspec.DecodeError:  # pragma: no cover - DECODER would have said so
+        obj = None
+    if not isinstance(obj, dict):
+        return Error(
+            code=ErrorCode.INVALID_MESSAGE,
+            message=f"a message must be a JSON object with a `type`: {exc}",
+        )
+    kind = obj.get("type")
+    if "type" not in obj:
+        return Error(code=ErrorCode.INVALID_MESSAGE, message="the message has no `type` field")
+    if not isinstance(kind, str) or kind not in CLIENT_TYPES:
+        return Error(
+            code=ErrorCode.UNKNOWN_TYPE,
+            message=f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}",
+        )
+    return Error(code=ErrorCode.INVALID_MESSAGE, message=f"invalid {kind!r} message: {exc}")
+
+
+def encode(msg: ServerMessage) -> str:
+    """A server message as JSON text (text frames carry ``str``)."""
+    return ENCODER.encode(msg).decode("utf-8")

@@ -1,0 +1,553 @@
+"""One ``/v1/stream`` session as a sans-I/O state machine.
+
+Like ``websockets``' ``protocol.py``: no sockets, no tasks, no engine. The
+I/O layer (``app.py``) feeds it what happened (a text frame arrived, the
+pipeline produced audio, a segment finished, the client went quiet, the
+send buffer stalled) and executes the actions it returns, in order:
+send a text or binary frame, configure the speech pipeline, synthesise a
+segment, end the input, abort generation, close the connection. Tests drive
+it directly (tests/test_server_session.py).
+
+States::
+
+    idle --start/text/flush/end--> streaming --end--> ended --last segment done--> closed
+      \\___________________ cancel / fatal error / idle timeout / slow client ______/
+
+Text is cut into segments by :class:`streamtts.segmenter.Segmenter`; each
+segment becomes a :class:`Synthesize` action. Audio comes back as float32 at
+24 kHz and is encoded here (one :class:`StreamEncoder` per session, so the
+resampler sees one continuous signal across segment joins).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..audio_format import AudioFormat, StreamEncoder, get_format
+from ..config import SamplingParams
+from ..errors import (
+    CodecError,
+    ConfigError,
+    EngineClosedError,
+    GenerationError,
+    InputError,
+    OverloadedError,
+    PromptTooLongError,
+    QueueTimeoutError,
+)
+from ..prepare import Voice
+from ..request import FRAME_RATE, StreamOptions, StreamStats
+from ..segmenter import (
+    DEFAULT_CLAUSE_MIN_CHARS,
+    DEFAULT_MAX_CHARS,
+    DEFAULT_MIN_CHARS,
+    Segmenter,
+    SegmenterConfig,
+)
+from .protocol import (
+    PROTOCOL_VERSION,
+    Cancel,
+    CloseCode,
+    Done,
+    End,
+    Error,
+    ErrorCode,
+    Flush,
+    Limits,
+    Ready,
+    SegmentInfo,
+    ServerMessage,
+    Start,
+    Text,
+    decode_client,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Abort",
+    "Action",
+    "Close",
+    "Configure",
+    "EndInput",
+    "SendAudio",
+    "SendText",
+    "Session",
+    "SessionSettings",
+    "Synthesize",
+    "error_for_exception",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    max_message_bytes: int = 64 * 1024
+    max_text_chars: int = 10_000  # per text message
+    max_session_chars: int = 200_000
+    idle_timeout_s: float = 60.0
+    default_format: str = "pcm_s16le_24000"
+    min_chars: int = DEFAULT_MIN_CHARS
+    clause_min_chars: int = DEFAULT_CLAUSE_MIN_CHARS
+    max_chars: int = DEFAULT_MAX_CHARS
+    max_new_tokens: int | None = None  # cap per segment (a client may ask for less)
+
+
+# -- actions (outputs) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendText:
+    data: str
+    error_code: str | None = None  # set for `error` messages (metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class SendAudio:
+    data: bytes
+    seconds: float  # audio duration (send-buffer accounting)
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """Set up the speech pipeline (sent once, before the first Synthesize)."""
+
+    reference: Voice | None
+    options: StreamOptions
+
+
+@dataclass(frozen=True, slots=True)
+class Synthesize:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndInput:
+    """No more segments will come."""
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Stop all generation now and drop audio not yet sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    code: int
+    reason: str
+    # Don't wait for queued frames (the client is not reading, or must go now).
+    immediate: bool = False
+
+
+Action = SendText | SendAudio | Configure | Synthesize | EndInput | Abort | Close
+
+State = Literal["idle", "streaming", "ended", "closed"]
+
+
+def error_for_exception(exc: BaseException) -> tuple[str, bool, int]:
+    """(error code, fatal, close code) for an error raised by the engine."""
+    if isinstance(exc, PromptTooLongError):
+        return ErrorCode.PROMPT_TOO_LONG, False, CloseCode.NORMAL
+    if isinstance(exc, (InputError, ConfigError)):
+        return ErrorCode.INVALID_TEXT, False, CloseCode.NORMAL
+    if isinstance(exc, QueueTimeoutError):
+        return ErrorCode.QUEUE_TIMEOUT, True, CloseCode.TRY_AGAIN_LATER
+    if isinstance(exc, OverloadedError):
+        return ErrorCode.OVERLOADED, True, CloseCode.TRY_AGAIN_LATER
+    if isinstance(exc, EngineClosedError):
+        return ErrorCode.SERVER_SHUTDOWN, True, CloseCode.GOING_AWAY
+    if isinstance(exc, CodecError):
+        return ErrorCode.CODEC_ERROR, True, CloseCode.INTERNAL
+    if isinstance(exc, GenerationError):
+        return ErrorCode.GENERATION_FAILED, True, CloseCode.INTERNAL
+    return ErrorCode.INTERNAL_ERROR, True, CloseCode.INTERNAL
+
+
+@dataclass(slots=True)
+class _Numbers:
+    chars: int = 0
+    segments: int = 0  # cut and submitted
+    finished: int = 0  # done or failed
+    frames: int = 0
+    samples_in: int = 0
+    t_first_segment: float | None = None
+    t_first_audio: float | None = None
+    t_last_audio: float | None = None
+    segment_ttfa: list[float] = field(default_factory=list)
+
+
+class Session:
+    """The protocol logic of one connection. Call the ``receive_*``/event methods,
+    then :meth:`actions` to get what to do."""
+
+    def __init__(
+        self,
+        settings: SessionSettings | None = None,
+        *,
+        voices: Callable[[str], Voice | None] | None = None,
+        session_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings or SessionSettings()
+        self.id = session_id or secrets.token_hex(8)
+        self._voices = voices or (lambda _id: None)
+        self._clock = clock
+        self.state: State = "idle"
+        self.format: AudioFormat = get_format(self.settings.default_format)
+        self._encoder: StreamEncoder | None = None
+        self._segmenter: Segmenter | None = None
+        self._out: list[Action] = []
+        self.n = _Numbers()
+        self.close_code: int | None = None
+        self._start_refused = False
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def actions(self) -> list[Action]:
+        """The actions produced since the last call, in order."""
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def busy(self) -> bool:
+        """Segments are being generated (the session is not idle even if the client is quiet)."""
+        return self.n.finished < self.n.segments
+
+    @property
+    def closed(self) -> bool:
+        return self.state == "closed"
+
+    # -- client input ----------------------------------------------------------------------------
+    def receive_text(self, data: str) -> None:
+        if self.closed:
+            return
+        limit = self.settings.max_message_bytes
+        if len(data) * 4 > limit and len(data.encode("utf-8", "surrogatepass")) > limit:
+            self._error(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"message is over the {limit}-byte limit; send text in smaller pieces",
+            )
+            return
+        msg, err = decode_client(data)
+        if err is not None:
+            self._send(err)
+            return
+        if isinstance(msg, Start):
+            self._on_start(msg)
+        elif isinstance(msg, Text):
+            self._on_text(msg)
+        elif isinstance(msg, Flush):
+            self._on_flush()
+        elif isinstance(msg, End):
+            self._on_end()
+        elif isinstance(msg, Cancel):
+            self._on_cancel()
+
+    def receive_bytes(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._error(
+            ErrorCode.BINARY_NOT_SUPPORTED,
+            f"binary frames ({len(data)} bytes) are not accepted; send JSON text messages "
+            "(upload reference voices with POST /v1/voices)",
+        )
+
+    # -- I/O layer events ------------------------------------------------------------------------
+    def audio(self, pcm: npt.NDArray[np.float32], frames: int = 0) -> None:
+        """New audio from the pipeline (float32, 24 kHz, joins already faded)."""
+        if self.closed or self._encoder is None:
+            return
+        self.n.frames += frames
+        self.n.samples_in += int(pcm.shape[0])
+        data = self._encoder.encode(pcm)
+        if data:
+            now = self._clock()
+            if self.n.t_first_audio is None:
+                self.n.t_first_audio = now
+            self.n.t_last_audio = now
+            self._out.append(SendAudio(data, len(data) / self.format.bytes_per_second))
+
+    def segment_done(
+        self, index: int, text: str, start_frame: int, frames: int, stats: StreamStats | None
+    ) -> None:
+        if self.closed:
+            return
+        self.n.finished += 1
+        ttfa = stats.ttfa_s if stats is not None else float("nan")
+        if ttfa == ttfa:
+            self.n.segment_ttfa.append(ttfa)
+        self._send(
+            SegmentInfo(
+                index=index,
+                text=text,
+                start_frame=start_frame,
+                end_frame=start_frame + frames,
+                start_s=round(start_frame / FRAME_RATE, 3),
+                end_s=round((start_frame + frames) / FRAME_RATE, 3),
+                ttfa_ms=round(1000 * ttfa, 2) if ttfa == ttfa else None,
+                finish_reason=stats.finish_reason if stats is not None else "",
+            )
+        )
+
+    def segment_failed(self, index: int, text: str, exc: BaseException) -> None:
+        if self.closed:
+            return
+        self.n.finished += 1
+        code, fatal, close = error_for_exception(exc)
+        if not fatal:
+            self._error(code, f"segment {index} ({_clip(text)!r}) was skipped: {exc}")
+            return
+        if code == ErrorCode.INTERNAL_ERROR:
+            log.error("session %s: segment %d failed", self.id, index, exc_info=exc)
+        self._fatal(code, f"segment {index} failed: {exc}", close)
+
+    def pipeline_finished(self) -> None:
+        """Every segment is done and no more will come (after ``end``)."""
+        if self.state != "ended":
+            return
+        if self._encoder is not None:
+            tail = self._encoder.flush()
+            if tail:
+                self._out.append(SendAudio(tail, len(tail) / self.format.bytes_per_second))
+        self._send(self._done("end"))
+        self._close(CloseCode.NORMAL, "done")
+
+    def idle_timeout(self) -> None:
+        """No client message for ``idle_timeout_s`` while nothing was being generated."""
+        if self.closed:
+            return
+        t = self.settings.idle_timeout_s
+        self._fatal(
+            ErrorCode.IDLE_TIMEOUT,
+            f"no message for {t:g} s; closing the idle session",
+            CloseCode.POLICY,
+        )
+
+    def send_stalled(self, seconds: float) -> None:
+        """The send buffer stayed full for ``seconds``: the client does not read."""
+        if self.closed:
+            return
+        self._out.append(Abort())
+        self._send(
+            Error(
+                code=ErrorCode.SLOW_CLIENT,
+                message=f"the client read too little audio in {seconds:g} s with its send buffer full "
+                "(slower than real time); dropped",
+                fatal=True,
+            )
+        )
+        self._close(CloseCode.POLICY, "client too slow", immediate=True)
+
+    def internal_error(self, exc: BaseException) -> None:
+        code, _, close = error_for_exception(exc)
+        self._fatal(code, f"server error: {exc}", close)
+
+    def connection_lost(self) -> None:
+        """The client went away: stop generating."""
+        if not self.closed:
+            self._out.append(Abort())
+            self.state = "closed"
+
+    # -- message handlers ------------------------------------------------------------------------
+    def _on_start(self, msg: Start) -> None:
+        if self.state != "idle":
+            self._error(
+                ErrorCode.ALREADY_STARTED, "`start` must be the first message of a session; ignored"
+            )
+            return
+        self._start_refused = not self._begin(msg)
+
+    def _on_text(self, msg: Text) -> None:
+        if self.state in ("ended", "closed"):
+            self._error(ErrorCode.TEXT_AFTER_END, "text after `end` is ignored; open a new session")
+            return
+        if len(msg.text) > self.settings.max_text_chars:
+            self._error(
+                ErrorCode.TEXT_TOO_LONG,
+                f"text message is {len(msg.text)} characters; the limit per message is "
+                f"{self.settings.max_text_chars} (split it)",
+            )
+            return
+        if self.n.chars + len(msg.text) > self.settings.max_session_chars:
+            self._error(
+                ErrorCode.SESSION_TEXT_LIMIT,
+                f"the session's text would exceed {self.settings.max_session_chars} characters; "
+                "this text is ignored (end the session and open a new one)",
+            )
+            return
+        if self.state == "idle" and not self._implicit_start():
+            return
+        self.n.chars += len(msg.text)
+        assert self._segmenter is not None
+        self._submit(self._segmenter.feed(msg.text))
+        if msg.flush:
+            self._submit(self._segmenter.flush())
+
+    def _on_flush(self) -> None:
+        if self.state in ("ended", "closed"):
+            return
+        if self.state == "idle" and not self._implicit_start():
+            return
+        assert self._segmenter is not None
+        self._submit(self._segmenter.flush())
+
+    def _on_end(self) -> None:
+        if self.state in ("ended", "closed"):
+            return
+        if self.state == "idle" and not self._implicit_start():
+            return
+        assert self._segmenter is not None
+        self._submit(self._segmenter.flush())
+        self.state = "ended"
+        self._out.append(EndInput())
+
+    def _on_cancel(self) -> None:
+        if self.closed:
+            return
+        self._out.append(Abort())
+        if self.state != "idle":
+            self._send(self._done("cancelled"))
+        self._close(CloseCode.NORMAL, "cancelled")
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _implicit_start(self) -> bool:
+        """Text before any `start` starts with the defaults; not after a refused `start`."""
+        if self._start_refused:
+            self._error(
+                ErrorCode.NOT_STARTED,
+                "the session's `start` was refused (see the error before); send a corrected `start` first",
+            )
+            return False
+        return self._begin(Start())
+
+    def _begin(self, msg: Start) -> bool:
+        """Validate the settings, emit Configure + ready; False (and an error) if unusable."""
+        s = self.settings
+        try:
+            fmt = get_format(msg.format or s.default_format)
+        except ValueError as exc:
+            self._error(ErrorCode.INVALID_FORMAT, str(exc))
+            return False
+        reference: Voice | None = None
+        if msg.voice is not None:
+            reference = self._voices(msg.voice)
+            if reference is None:
+                self._error(
+                    ErrorCode.UNKNOWN_VOICE,
+                    f"no voice {msg.voice!r} on this server (voices are cached for a while: upload it again with POST /v1/voices)",
+                )
+                return False
+        try:
+            seg_cfg = SegmenterConfig(
+                min_chars=s.min_chars if msg.min_chars is None else msg.min_chars,
+                clause_min_chars=s.clause_min_chars
+                if msg.clause_min_chars is None
+                else msg.clause_min_chars,
+                max_chars=s.max_chars,
+            ).validate()
+            sampling = msg.sampling.validate() if msg.sampling is not None else None
+            options = self._options(msg, sampling)
+        except (ValueError, ConfigError) as exc:
+            self._error(ErrorCode.INVALID_OPTION, str(exc))
+            return False
+        self.format = fmt
+        self._encoder = StreamEncoder(fmt)
+        self._segmenter = Segmenter(seg_cfg)
+        self.state = "streaming"
+        self._out.append(Configure(reference, options))
+        self._send(
+            Ready(
+                session=self.id,
+                protocol=PROTOCOL_VERSION,
+                format=fmt.name,
+                encoding=fmt.encoding,
+                sample_rate=fmt.sample_rate,
+                channels=1,
+                voice=msg.voice,
+                language=msg.language,
+                seed=msg.seed,
+                min_chars=seg_cfg.min_chars,
+                clause_min_chars=seg_cfg.clause_min_chars,
+                limits=Limits(
+                    max_message_bytes=s.max_message_bytes,
+                    max_text_chars=s.max_text_chars,
+                    max_session_chars=s.max_session_chars,
+                    idle_timeout_s=s.idle_timeout_s,
+                ),
+            )
+        )
+        return True
+
+    def _options(self, msg: Start, sampling: SamplingParams | None) -> StreamOptions:
+        cap = self.settings.max_new_tokens
+        mnt = msg.max_new_tokens
+        if mnt is not None and mnt < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {mnt}")
+        if cap is not None:
+            mnt = cap if mnt is None else min(mnt, cap)
+        if msg.seed is not None and not (0 <= msg.seed < 1 << 63):
+            raise ValueError(f"seed must be in [0, 2**63), got {msg.seed}")
+        return StreamOptions(
+            language=msg.language,
+            instruction=msg.instruction,
+            quality=msg.quality,
+            seed=msg.seed,
+            sampling=sampling,
+            max_new_tokens=mnt,
+            normalize=msg.normalize,
+        )
+
+    def _submit(self, segments: list[str]) -> None:
+        for text in segments:
+            if self.n.t_first_segment is None:
+                self.n.t_first_segment = self._clock()
+            self._out.append(Synthesize(self.n.segments, text))
+            self.n.segments += 1
+
+    def _done(self, reason: str) -> Done:
+        n = self.n
+        audio_s = n.frames / FRAME_RATE
+        ttfa = None
+        rtf = None
+        if n.t_first_segment is not None and n.t_first_audio is not None:
+            ttfa = round(1000 * (n.t_first_audio - n.t_first_segment), 2)
+            if audio_s > 0 and n.t_last_audio is not None:
+                rtf = round((n.t_last_audio - n.t_first_segment) / audio_s, 4)
+        return Done(
+            reason=reason,
+            segments=n.segments,
+            frames=n.frames,
+            audio_s=round(audio_s, 3),
+            ttfa_ms=ttfa,
+            rtf=rtf,
+            chars=n.chars,
+        )
+
+    def _send(self, msg: ServerMessage) -> None:
+        code = msg.code if isinstance(msg, Error) else None
+        self._out.append(SendText(encode(msg), code))
+
+    def _error(self, code: str, message: str) -> None:
+        self._send(Error(code=code, message=message))
+
+    def _fatal(self, code: str, message: str, close_code: int) -> None:
+        self._out.append(Abort())
+        self._send(Error(code=code, message=message, fatal=True))
+        self._close(close_code, code)
+
+    def _close(self, code: int, reason: str, immediate: bool = False) -> None:
+        self.state = "closed"
+        self.close_code = code
+        self._out.append(Close(code, reason, immediate))
+
+
+def _clip(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

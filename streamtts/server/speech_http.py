@@ -1,0 +1,376 @@
+"""``POST /v1/audio/speech``: OpenAI-compatible, streamed as it is generated.
+
+Accepts OpenAI's request body (``model``, ``input``, ``voice``,
+``instructions``, ``response_format``, ``speed``, ``stream_format``) plus our
+``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: ``pcm``
+(24 kHz s16le, as OpenAI's), ``wav`` (24 kHz s16le with a streaming header
+whose sizes are 0xFFFFFFFF, as OpenAI's), or any name of
+:data:`streamtts.audio_format.FORMATS`. ``mp3``/``opus``/``aac``/``flac``
+are refused with 400 (no encoders in the serving path). ``stream_format:
+"sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
+``speech.audio.done``. ``voice``: an id from ``POST /v1/voices``, or one of
+OpenAI's voice names / ``default`` for the model's own voice.
+
+Long input is cut by the same segmenter as the WebSocket and spoken by the
+same pipeline (one voice, clean joins). Errors before the first audio get a
+proper status (400, 404, 503); after it the stream ends early (SSE: an
+``error`` event first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Send
+
+from ..audio_format import AudioFormat, StreamEncoder, get_format, wav_header
+from ..config import SamplingParams
+from ..prepare import Voice
+from ..request import StreamOptions
+from ..segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentEvent, SegmentFailed
+from ..segmenter import Segmenter, SegmenterConfig
+from .protocol import ErrorCode
+from .session import error_for_exception
+from .state import ServerState
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SpeechRequest", "speech_endpoint"]
+
+OPENAI_VOICES = frozenset(
+    "default alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split()
+)
+UNSUPPORTED = frozenset({"mp3", "opus", "aac", "flac"})
+
+
+class SpeechRequest(msgspec.Struct, kw_only=True):
+    input: str
+    model: str = "streamtts"
+    voice: str | None = None
+    instructions: str | None = None
+    response_format: str = "wav"  # OpenAI's default is mp3, which we cannot produce
+    speed: float = 1.0
+    stream_format: str = "audio"
+    # ours
+    language: str | None = None
+    seed: int | None = None
+    max_new_tokens: int | None = None
+    sampling: SamplingParams | None = None
+
+
+def error_response(
+    status: int, code: str, message: str, kind: str = "invalid_request_error"
+) -> JSONResponse:
+    """OpenAI's error shape, with our stable code."""
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": code}},
+        status_code=status,
+    )
+
+
+_STATUS = {
+    ErrorCode.INVALID_TEXT: 400,
+    ErrorCode.PROMPT_TOO_LONG: 400,
+    ErrorCode.OVERLOADED: 503,
+    ErrorCode.QUEUE_TIMEOUT: 503,
+    ErrorCode.SERVER_SHUTDOWN: 503,
+}
+
+
+def check_access(state: ServerState, request: Request) -> Response | None:
+    """403 for a browser on a foreign origin, 401 without the token; None when allowed."""
+    m = state.metrics
+    if not state.origin_ok(request.headers):
+        m.errors_total.inc(code=ErrorCode.FORBIDDEN_ORIGIN)
+        origin = request.headers.get("origin")
+        return error_response(
+            403, ErrorCode.FORBIDDEN_ORIGIN, f"origin {origin!r} is not allowed", "permission_error"
+        )
+    if not state.token_ok(request.headers, request.query_params):
+        m.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
+        return error_response(
+            401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token", "authentication_error"
+        )
+    return None
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None when it is over ``limit`` bytes (read no further than that)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def speech_endpoint(request: Request) -> Response:
+    state: ServerState = request.app.state.streamtts
+    m = state.metrics
+    denied = check_access(state, request)
+    if denied is not None:
+        return denied
+    body = await read_body(request, state.settings.max_http_body_bytes)
+    if body is None:
+        m.errors_total.inc(code=ErrorCode.MESSAGE_TOO_LARGE)
+        return error_response(
+            413,
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"body over {state.settings.max_http_body_bytes} bytes",
+        )
+    try:
+        req = msgspec.json.decode(body, type=SpeechRequest)
+        fmt, wav, sse = _format(req)
+        options, reference = _options(req, state)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:  # ConfigError too
+        m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
+        return error_response(400, ErrorCode.INVALID_REQUEST, str(exc))
+    except LookupError as exc:
+        m.errors_total.inc(code=ErrorCode.UNKNOWN_VOICE)
+        return error_response(404, ErrorCode.UNKNOWN_VOICE, str(exc.args[0]))
+    limits = state.settings.session
+    if len(req.input) > limits.max_session_chars:
+        m.errors_total.inc(code=ErrorCode.TEXT_TOO_LONG)
+        return error_response(
+            400,
+            ErrorCode.TEXT_TOO_LONG,
+            f"input is {len(req.input)} characters; the limit is {limits.max_session_chars}",
+        )
+    seg = Segmenter(SegmenterConfig(limits.min_chars, limits.clause_min_chars, limits.max_chars))
+    segments = seg.feed(req.input) + seg.flush()
+    if not segments:
+        m.errors_total.inc(code=ErrorCode.INVALID_TEXT)
+        return error_response(
+            400, ErrorCode.INVALID_TEXT, "input has nothing to say (no letters or digits)"
+        )
+    if not state.try_acquire("http"):
+        m.errors_total.inc(code=ErrorCode.OVERLOADED)
+        resp = error_response(
+            503,
+            ErrorCode.OVERLOADED,
+            f"the server is at its limit of {state.settings.max_sessions} sessions; try again later",
+            "server_error",
+        )
+        resp.headers["Retry-After"] = "1"
+        return resp
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            state.release()
+
+    try:
+        sp = SegmentedSpeech(
+            state.engine,
+            reference=reference,
+            options=options,
+            lookahead=state.settings.lookahead,
+            continuity_frames=state.settings.continuity_frames,
+            fade_ms=state.settings.fade_ms,
+        )
+        for text in segments:
+            sp.add(text)
+        sp.end()
+        events = sp.events()
+        first = await _first_audio(events)
+    except BaseException:
+        release()
+        raise
+    if isinstance(first, SegmentFailed):
+        release()
+        await events.aclose()
+        code, _, _ = error_for_exception(first.error)
+        m.errors_total.inc(code=code)
+        return error_response(
+            _STATUS.get(code, 500),
+            code,
+            str(first.error),
+            "server_error" if code not in _STATUS else "invalid_request_error",
+        )
+    body_iter = _body(state, events, first, fmt, wav, sse, release)
+    media = (
+        "text/event-stream"
+        if sse
+        else (
+            "audio/wav"
+            if wav
+            else ("audio/pcm" if fmt.name == "pcm_s16le_24000" else fmt.mime_type)
+        )
+    )
+    headers = {
+        "Cache-Control": "no-store",
+        "X-Sample-Rate": str(fmt.sample_rate),
+        "X-Audio-Format": fmt.name,
+    }
+    return _StreamingSpeech(
+        body_iter, state.settings.send_stall_s, state, media_type=media, headers=headers
+    )
+
+
+def _format(req: SpeechRequest) -> tuple[AudioFormat, bool, bool]:
+    if req.speed != 1.0:
+        raise ValueError(f"speed {req.speed} is not supported (only 1.0)")
+    if req.stream_format not in ("audio", "sse"):
+        raise ValueError(f"stream_format must be 'audio' or 'sse', got {req.stream_format!r}")
+    rf = req.response_format
+    if rf in UNSUPPORTED:
+        raise ValueError(
+            f"response_format {rf!r} is not supported; use pcm, wav or one of the raw formats"
+        )
+    if rf == "wav":
+        return get_format("pcm_s16le_24000"), True, req.stream_format == "sse"
+    return get_format(rf), False, req.stream_format == "sse"
+
+
+def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voice | None]:
+    reference: Voice | None = None
+    if req.voice is not None and req.voice not in OPENAI_VOICES:
+        reference = state.voices.get(req.voice)
+        if reference is None:
+            raise LookupError(
+                f"no voice {req.voice!r} on this server (upload it with POST /v1/voices)"
+            )
+    cap = state.settings.session.max_new_tokens
+    mnt = req.max_new_tokens
+    if mnt is not None and mnt < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {mnt}")
+    if cap is not None:
+        mnt = cap if mnt is None else min(mnt, cap)
+    if req.seed is not None and not (0 <= req.seed < 1 << 63):
+        raise ValueError(f"seed must be in [0, 2**63), got {req.seed}")
+    sampling = req.sampling.validate() if req.sampling is not None else None
+    options = StreamOptions(
+        instruction=req.instructions,
+        language=req.language,
+        seed=req.seed,
+        max_new_tokens=mnt,
+        sampling=sampling,
+    )
+    return options, reference
+
+
+async def _first_audio(events: AsyncGenerator[SegmentEvent, None]) -> SegmentEvent:
+    """Pull events until the first audio (or a failure before any audio)."""
+    async for ev in events:
+        if isinstance(ev, SegmentAudio) and ev.pcm.shape[0] == 0:
+            continue
+        if isinstance(ev, SegmentFailed):
+            code, fatal, _ = error_for_exception(ev.error)
+            if not fatal:  # this segment is skipped; the next may still speak
+                log.info("speech: segment %d skipped: %s", ev.index, ev.error)
+                continue
+        return ev
+    return SegmentFailed(-1, "", ValueError("no segment produced audio"))
+
+
+async def _body(
+    state: ServerState,
+    events: AsyncGenerator[SegmentEvent, None],
+    first: SegmentEvent,
+    fmt: AudioFormat,
+    wav: bool,
+    sse: bool,
+    release: Any,
+) -> AsyncIterator[bytes]:
+    m = state.metrics
+    enc = StreamEncoder(fmt)
+    frames = 0
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+
+    def out(data: bytes) -> bytes:
+        if not sse:
+            return data
+        b64 = base64.b64encode(data).decode("ascii")
+        return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64})}\n\n".encode()
+
+    try:
+        if wav:
+            yield out(wav_header(fmt.sample_rate, fmt.encoding))
+        ev: SegmentEvent | None = first
+        while ev is not None:
+            if isinstance(ev, SegmentAudio):
+                frames += ev.frames
+                data = enc.encode(ev.pcm)
+                if data:
+                    m.audio_seconds_total.inc(len(data) / fmt.bytes_per_second)
+                    yield out(data)
+            elif isinstance(ev, SegmentDone):
+                m.segments_total.inc()
+            elif isinstance(ev, SegmentFailed):
+                code, fatal, _ = error_for_exception(ev.error)
+                m.errors_total.inc(code=code)
+                log.warning("speech: segment %d failed (%s): %s", ev.index, code, ev.error)
+                if fatal:
+                    if sse:
+                        err = {"type": "error", "error": {"code": code, "message": str(ev.error)}}
+                        yield f"data: {json.dumps(err)}\n\n".encode()
+                    return
+            ev = await anext(events, None)
+        tail = enc.flush()
+        if tail:
+            yield out(tail)
+        if frames:
+            m.rtf.observe((loop.time() - t0) / (frames / 12.5))
+        if sse:
+            done = {
+                "type": "speech.audio.done",
+                "usage": {"input_tokens": 0, "output_tokens": frames, "total_tokens": frames},
+            }
+            yield f"data: {json.dumps(done)}\n\n".encode()
+    finally:
+        with contextlib.suppress(Exception):
+            await events.aclose()
+        release()
+
+
+class _StreamingSpeech(StreamingResponse):
+    """A StreamingResponse that closes its body generator at once when the client leaves
+    (so the engine slot is freed now, not at garbage collection) and gives up on a client
+    that does not read for ``stall_s``."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], stall_s: float, state: ServerState, **kw: Any
+    ) -> None:
+        super().__init__(content, **kw)
+        self.stall_s = stall_s
+        self.state = state
+
+    async def stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        body = self.body_iterator
+        try:
+            async for chunk in body:
+                try:
+                    await asyncio.wait_for(
+                        send({"type": "http.response.body", "body": chunk, "more_body": True}),
+                        self.stall_s,
+                    )
+                except TimeoutError:
+                    self.state.metrics.slow_clients_total.inc()
+                    log.warning("speech: client read nothing for %g s; dropping it", self.stall_s)
+                    return  # uvicorn closes a response left incomplete
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(BaseException):
+                    await aclose()

@@ -1,0 +1,98 @@
+"""Server-wide settings and state shared by the routes."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
+from .metrics import ServerMetrics
+from .session import SessionSettings
+from .voices import VoiceStore
+
+__all__ = ["ServerSettings", "ServerState"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    session: SessionSettings = field(default_factory=SessionSettings)
+    max_sessions: int = 8  # WebSocket sessions + HTTP speech requests at once; beyond: refused
+    token: str | None = None  # bearer token for /v1/*; None = open
+    # extra browser origins ("*" = any); the page's own origin is always allowed
+    allowed_origins: tuple[str, ...] = ()
+    send_buffer_s: float = 30.0  # audio seconds queued per connection before generation waits
+    # A client whose buffer is full must take min_read_rate s of audio per s over send_stall_s.
+    send_stall_s: float = 10.0
+    min_read_rate: float = 0.5
+    ws_max_size: int = 1 << 20  # hard message limit enforced by the websockets library (close 1009)
+    ping_interval_s: float = 20.0
+    ping_timeout_s: float = 20.0
+    voice_cache_size: int = 256
+    max_voice_bytes: int = 16 << 20
+    max_http_body_bytes: int = 1 << 20
+    lookahead: int = 1
+    continuity_frames: int = DEFAULT_CONTINUITY_FRAMES
+    fade_ms: float = DEFAULT_FADE_MS
+    warmup: bool = True
+
+    def validate(self) -> ServerSettings:
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.send_buffer_s <= 0 or self.send_stall_s <= 0:
+            raise ValueError("send_buffer_s and send_stall_s must be > 0")
+        if self.session.max_message_bytes > self.ws_max_size:
+            raise ValueError("max_message_bytes must be <= ws_max_size")
+        return self
+
+
+class ServerState:
+    """What every request sees: the engine, the voices, the metrics, the session count."""
+
+    def __init__(self, engine: Any, settings: ServerSettings, voices: VoiceStore) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.voices = voices
+        self.metrics = ServerMetrics(lambda: engine.active_streams, lambda: engine.queued_streams)
+        self.sessions = 0
+        self.ready = False  # engine loaded and warmed up
+        self.closing = False
+
+    # -- session slots -----------------------------------------------------------------------
+    def try_acquire(self, kind: str) -> bool:
+        if self.sessions >= self.settings.max_sessions or self.closing:
+            self.metrics.refused_total.inc(kind=kind)
+            return False
+        self.sessions += 1
+        self.metrics.sessions.set(self.sessions)
+        self.metrics.sessions_total.inc(kind=kind)
+        return True
+
+    def release(self) -> None:
+        self.sessions -= 1
+        self.metrics.sessions.set(self.sessions)
+
+    # -- access checks -------------------------------------------------------------------------
+    def token_ok(self, headers: Any, query: Any) -> bool:
+        want = self.settings.token
+        if not want:
+            return True
+        got = ""
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            got = auth[7:].strip()
+        elif "token" in query:  # browsers cannot set headers on a WebSocket
+            got = query["token"]
+        return hmac.compare_digest(got.encode(), want.encode())
+
+    def origin_ok(self, headers: Any) -> bool:
+        """Browsers send Origin; other clients don't (and are not subject to this check)."""
+        origin = headers.get("origin")
+        if not origin:
+            return True
+        allowed = self.settings.allowed_origins
+        if "*" in allowed or origin in allowed:
+            return True
+        host = headers.get("host", "")
+        return bool(urlsplit(origin).netloc == host)

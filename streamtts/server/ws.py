@@ -1,0 +1,355 @@
+"""The ``/v1/stream`` WebSocket endpoint: thin asyncio I/O around :class:`Session`.
+
+Three tasks per connection:
+
+* *receiver*: reads frames, feeds the session, enforces the idle timeout;
+* *runner*: iterates the speech pipeline (:class:`SegmentedSpeech`) and feeds
+  its audio and segment events to the session;
+* *sender*: writes the outbox (every frame, in order) to the socket.
+
+The outbox is bounded in audio seconds (``send_buffer_s``). When it is full
+the runner waits (and with it the generation: the engine's own backpressure
+pauses a stream whose audio is not taken). A client that, with its buffer
+full, takes less than ``min_read_rate`` seconds of audio per second over
+``send_stall_s`` is too slow to play in real time (or stopped reading): it is
+dropped (close 1008) and its generation aborted. A disconnect ends the receiver; the runner is cancelled
+at once, which aborts the generation before the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ..segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
+from .protocol import CloseCode, Error, ErrorCode, encode
+from .session import (
+    Abort,
+    Action,
+    Close,
+    Configure,
+    EndInput,
+    SendAudio,
+    SendText,
+    Session,
+    Synthesize,
+)
+from .state import ServerState
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Outbox", "websocket_endpoint"]
+
+_CLOSE_TIMEOUT_S = 1.0
+
+
+class Outbox:
+    """Frames waiting for the sender; audio bounded by ``limit_s`` seconds.
+
+    Slow-reader rule: while audio waits here (a *backlog*: the client, not the
+    generation, is the bottleneck) and the buffer is full, the client must take
+    at least ``min_rate`` seconds of audio per second, judged over ``stall_s``
+    windows. A client that reads in real time (rate 1) keeps its session
+    however far ahead generation runs; one that stopped reading (rate 0) or
+    trickles (TCP zero-window probes) is dropped. A backlog ends when the
+    outbox holds no audio any more.
+    """
+
+    def __init__(
+        self, limit_s: float, min_rate: float = 0.5, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit_s = limit_s
+        self.min_rate = min_rate
+        self._clock = clock
+        self._items: deque[tuple[str | bytes | Close, float]] = deque()
+        self.audio_s = 0.0  # audio seconds queued
+        self.sent_s = 0.0  # audio seconds taken by the sender so far
+        self._audio_items = 0
+        self._backlog_since: float | None = None
+        self._sent_at_backlog = 0.0
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: str | bytes | Close, seconds: float = 0.0) -> None:
+        self._items.append((item, seconds))
+        if isinstance(item, bytes):
+            self._audio_items += 1
+            self.audio_s += seconds
+            if self._backlog_since is None:
+                self._backlog_since, self._sent_at_backlog = self._clock(), self.sent_s
+            if self.audio_s >= self.limit_s:
+                self._room.clear()
+        self._ready.set()
+
+    async def get(self) -> str | bytes | Close:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        item, seconds = self._items.popleft()
+        if isinstance(item, bytes):
+            self._audio_items -= 1
+            self.audio_s -= seconds
+            self.sent_s += seconds
+            if self.audio_s < self.limit_s:
+                self._room.set()
+            if self._audio_items == 0:
+                self.audio_s = 0.0  # no float drift across a long session
+                self._backlog_since = None  # caught up: the client keeps pace
+        return item
+
+    async def wait_room(self, stall_s: float) -> bool:
+        """Wait until audio may be added; False when the client reads too slowly (see class doc)."""
+        while not self._room.is_set():
+            left = stall_s
+            if self._backlog_since is not None:
+                now = self._clock()
+                span = now - self._backlog_since
+                if span >= stall_s:
+                    if (self.sent_s - self._sent_at_backlog) / span < self.min_rate:
+                        return False
+                    self._backlog_since, self._sent_at_backlog = now, self.sent_s  # next window
+                    span = 0.0
+                left = stall_s - span
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), max(0.01, left))
+        return True
+
+    def drop_audio(self) -> None:
+        """Abort: audio not yet sent is discarded (messages stay, in order)."""
+        self._items = deque(it for it in self._items if not isinstance(it[0], bytes))
+        self._reset()
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._audio_items = 0
+        self.audio_s = 0.0
+        self._backlog_since = None
+        self._room.set()
+
+
+class WsConnection:
+    def __init__(self, ws: WebSocket, state: ServerState) -> None:
+        self.ws = ws
+        self.state = state
+        self.settings = state.settings
+        self.session = Session(state.settings.session, voices=state.voices.get)
+        self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
+        self.pipeline: SegmentedSpeech | None = None
+        self.runner: asyncio.Task[None] | None = None
+        self.sender: asyncio.Task[None] | None = None
+        self.receiver: asyncio.Task[None] | None = None
+        self.urgent_close: Close | None = None
+        self._ttfa_seen = False
+
+    async def run(self) -> None:
+        self.sender = asyncio.create_task(self._send_loop(), name=f"ws-send-{self.session.id}")
+        self.receiver = asyncio.create_task(self._receive_loop(), name=f"ws-recv-{self.session.id}")
+        try:
+            await asyncio.wait({self.sender, self.receiver}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Stop generating first: a disconnect must free the engine slot right away.
+            self.session.connection_lost()
+            await self._stop_runner()
+            for t in (self.sender, self.receiver):
+                t.cancel()
+            await asyncio.gather(self.sender, self.receiver, return_exceptions=True)
+            if self.urgent_close is not None:
+                await self._close_now(self.urgent_close)
+
+    # -- receiving ----------------------------------------------------------------------------
+    async def _receive_loop(self) -> None:
+        idle = self.settings.session.idle_timeout_s
+        while True:
+            try:
+                msg = await asyncio.wait_for(self.ws.receive(), idle)
+            except TimeoutError:
+                if self.session.busy or len(self.outbox) or self.session.closed:
+                    continue
+                self.session.idle_timeout()
+                await self._apply(self.session.actions())
+                continue
+            except WebSocketDisconnect:
+                return
+            kind = msg["type"]
+            if kind == "websocket.disconnect":
+                return
+            if kind != "websocket.receive":  # pragma: no cover - ASGI says nothing else comes
+                continue
+            text = msg.get("text")
+            if text is not None:
+                self.session.receive_text(text)
+            else:
+                self.session.receive_bytes(msg.get("bytes") or b"")
+            await self._apply(self.session.actions())
+
+    # -- sending ------------------------------------------------------------------------------
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                item = await self.outbox.get()
+                if isinstance(item, Close):
+                    await self.ws.close(item.code, item.reason)
+                    return
+                if isinstance(item, bytes):
+                    await self.ws.send_bytes(item)
+                else:
+                    await self.ws.send_text(item)
+        except (WebSocketDisconnect, OSError, RuntimeError) as exc:
+            log.debug("session %s: send ended: %s", self.session.id, exc)
+
+    async def _close_now(self, close: Close) -> None:
+        # The client may not be reading: a close frame can block behind unsent data.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(close.code, close.reason), _CLOSE_TIMEOUT_S)
+
+    # -- the speech pipeline ------------------------------------------------------------------
+    async def _run_pipeline(self, pipeline: SegmentedSpeech) -> None:
+        session = self.session
+        try:
+            async with contextlib.aclosing(pipeline.events()) as events:
+                async for ev in events:
+                    if isinstance(ev, SegmentAudio):
+                        session.audio(ev.pcm, ev.frames)
+                    elif isinstance(ev, SegmentDone):
+                        session.segment_done(ev.index, ev.text, ev.start_frame, ev.frames, ev.stats)
+                        self.state.metrics.segments_total.inc()
+                    elif isinstance(ev, SegmentFailed):
+                        session.segment_failed(ev.index, ev.text, ev.error)
+                    await self._apply(session.actions())
+                    if session.closed:
+                        return
+            session.pipeline_finished()
+            await self._apply(session.actions())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: pipeline failed", session.id)
+            session.internal_error(exc)
+            await self._apply(session.actions())
+
+    async def _stop_runner(self) -> None:
+        r = self.runner
+        if r is None or r.done() or r is asyncio.current_task():
+            return
+        r.cancel()
+        await asyncio.gather(r, return_exceptions=True)
+
+    # -- actions ------------------------------------------------------------------------------
+    async def _apply(self, actions: list[Action]) -> None:
+        m = self.state.metrics
+        for a in actions:
+            if isinstance(a, SendAudio):
+                if not await self.outbox.wait_room(self.settings.send_stall_s):
+                    m.slow_clients_total.inc()
+                    log.warning("session %s: client stopped reading; dropping it", self.session.id)
+                    self.session.send_stalled(self.settings.send_stall_s)
+                    await self._apply(self.session.actions())
+                    return
+                self.outbox.put(a.data, a.seconds)
+                m.audio_seconds_total.inc(a.seconds)
+                self._observe_ttfa()
+            elif isinstance(a, SendText):
+                if a.error_code is not None:
+                    m.errors_total.inc(code=a.error_code)
+                self.outbox.put(a.data)
+            elif isinstance(a, Configure):
+                self.pipeline = SegmentedSpeech(
+                    self.state.engine,
+                    reference=a.reference,
+                    options=a.options,
+                    lookahead=self.settings.lookahead,
+                    continuity_frames=self.settings.continuity_frames,
+                    fade_ms=self.settings.fade_ms,
+                )
+                self.runner = asyncio.create_task(
+                    self._run_pipeline(self.pipeline), name=f"ws-run-{self.session.id}"
+                )
+            elif isinstance(a, Synthesize):
+                assert self.pipeline is not None
+                self.pipeline.add(a.text)
+            elif isinstance(a, EndInput):
+                assert self.pipeline is not None
+                self.pipeline.end()
+            elif isinstance(a, Abort):
+                self.outbox.drop_audio()
+                await self._stop_runner()  # the runner itself returns once the session is closed
+            elif isinstance(a, Close):
+                if a.immediate:
+                    self.outbox.clear()
+                    self.urgent_close = a
+                    if self.sender is not None:
+                        self.sender.cancel()
+                else:
+                    self.outbox.put(a)
+                if a.code == CloseCode.NORMAL and self.session.state == "closed":
+                    self._observe_rtf()
+
+    def _observe_ttfa(self) -> None:
+        n = self.session.n
+        if not self._ttfa_seen and n.t_first_audio is not None and n.t_first_segment is not None:
+            self._ttfa_seen = True
+            self.state.metrics.ttfa.observe(n.t_first_audio - n.t_first_segment)
+
+    def _observe_rtf(self) -> None:
+        n = self.session.n
+        if n.frames and n.t_last_audio is not None and n.t_first_segment is not None:
+            self.state.metrics.rtf.observe((n.t_last_audio - n.t_first_segment) / (n.frames / 12.5))
+
+
+async def websocket_endpoint(ws: WebSocket) -> None:
+    state: ServerState = ws.app.state.streamtts
+    if not state.origin_ok(ws.headers):
+        state.metrics.errors_total.inc(code=ErrorCode.FORBIDDEN_ORIGIN)
+        await _deny(
+            ws,
+            403,
+            ErrorCode.FORBIDDEN_ORIGIN,
+            f"origin {ws.headers.get('origin')!r} is not allowed",
+        )
+        return
+    if not state.token_ok(ws.headers, ws.query_params):
+        state.metrics.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
+        await _deny(ws, 401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token")
+        return
+    if not state.try_acquire("ws"):
+        # Accept, then refuse: browsers cannot see a handshake's HTTP status, but they see
+        # the error message and the close code.
+        state.metrics.errors_total.inc(code=ErrorCode.OVERLOADED)
+        await ws.accept()
+        msg = Error(
+            code=ErrorCode.OVERLOADED,
+            message=f"the server is at its limit of {state.settings.max_sessions} sessions; try again later",
+            fatal=True,
+        )
+        with contextlib.suppress(Exception):
+            await ws.send_text(encode(msg))
+            await ws.close(CloseCode.TRY_AGAIN_LATER, "overloaded")
+        return
+    try:
+        await ws.accept()
+        await WsConnection(ws, state).run()
+    finally:
+        state.release()
+
+
+async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
+    from starlette.responses import JSONResponse
+
+    resp = JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+    try:
+        await ws.send_denial_response(resp)
+    except RuntimeError:  # server without the denial extension: a plain 403
+        await ws.close(CloseCode.POLICY)

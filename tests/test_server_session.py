@@ -1,0 +1,364 @@
+"""The sans-I/O session (streamtts.server.session) and the protocol messages, without sockets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamtts.audio_format import decode_audio, get_format
+from streamtts.errors import (
+    CodecError,
+    GenerationError,
+    InputError,
+    OverloadedError,
+    PromptTooLongError,
+    QueueTimeoutError,
+)
+from streamtts.prepare import Voice
+from streamtts.request import StreamStats
+from streamtts.server.protocol import CloseCode, ErrorCode, decode_client
+from streamtts.server.session import (
+    Abort,
+    Action,
+    Close,
+    Configure,
+    EndInput,
+    SendAudio,
+    SendText,
+    Session,
+    SessionSettings,
+    Synthesize,
+)
+
+VOICE = Voice(codes=np.zeros((10, 32), np.int64), name="v")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(**kw: Any) -> tuple[Session, Clock]:
+    clock = Clock()
+    s = Session(SessionSettings(**kw), voices=lambda vid: VOICE if vid == "v_known" else None, clock=clock)
+    return s, clock
+
+
+def send(s: Session, obj: Any) -> list[Action]:
+    s.receive_text(obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False))
+    return s.actions()
+
+
+def messages(actions: list[Action]) -> list[dict[str, Any]]:
+    return [json.loads(a.data) for a in actions if isinstance(a, SendText)]
+
+
+def only_error(actions: list[Action]) -> dict[str, Any]:
+    msgs = messages(actions)
+    assert len(msgs) == 1 and msgs[0]["type"] == "error", msgs
+    assert not any(isinstance(a, (Close, Abort, Synthesize)) for a in actions)
+    return msgs[0]
+
+
+def test_start_sends_ready_and_configures_the_pipeline() -> None:
+    s, _ = make()
+    acts = send(s, {"type": "start", "voice": "v_known", "seed": 7, "format": "ulaw", "language": "en"})
+    cfg = [a for a in acts if isinstance(a, Configure)]
+    assert len(cfg) == 1 and cfg[0].reference is VOICE
+    assert cfg[0].options.seed == 7 and cfg[0].options.language == "en"
+    (ready,) = messages(acts)
+    assert ready["type"] == "ready" and ready["format"] == "ulaw_8000" and ready["sample_rate"] == 8000
+    assert ready["encoding"] == "ulaw" and ready["voice"] == "v_known" and ready["session"] == s.id
+    assert ready["limits"]["max_text_chars"] == 10_000
+    assert s.state == "streaming"
+
+
+def test_text_without_start_starts_with_defaults() -> None:
+    s, _ = make()
+    acts = send(s, {"type": "text", "text": "Hello there, this is a whole sentence. And more"})
+    assert isinstance(acts[0], Configure) and acts[0].reference is None
+    assert messages(acts)[0]["format"] == "pcm_s16le_24000"
+    assert [a for a in acts if isinstance(a, Synthesize)] == [Synthesize(0, "Hello there, this is a whole sentence.")]
+    acts = send(s, {"type": "flush"})
+    assert acts == [Synthesize(1, "And more")]
+
+
+def test_streamed_tokens_give_the_same_segments_as_whole_text() -> None:
+    text = "Streaming text arrives one token at a time, from a language model. It should be cut at the same places! 好的。"
+    whole, _ = make()
+    want = [a for a in send(whole, {"type": "text", "text": text}) + send(whole, {"type": "end"}) if isinstance(a, Synthesize)]
+    s, _ = make()
+    got: list[Action] = []
+    for i in range(0, len(text), 3):
+        got += send(s, {"type": "text", "text": text[i : i + 3]})
+    got += send(s, {"type": "end"})
+    assert [a for a in got if isinstance(a, Synthesize)] == want
+    assert len(want) >= 2
+
+
+def test_text_flush_flag_flushes() -> None:
+    s, _ = make()
+    acts = send(s, {"type": "text", "text": "Short", "flush": True})
+    assert [a for a in acts if isinstance(a, Synthesize)] == [Synthesize(0, "Short")]
+
+
+def test_end_flushes_then_audio_segments_done_close() -> None:
+    s, clock = make(default_format="pcm_s16le_24000")
+    send(s, {"type": "text", "text": "One whole sentence here. Two"})
+    acts = send(s, {"type": "end"})
+    assert acts == [Synthesize(1, "Two"), EndInput()]
+    assert s.state == "ended" and s.busy
+    clock.t += 0.25
+    pcm = np.full(1920, 0.25, np.float32)
+    s.audio(pcm, frames=1)
+    (audio,) = s.actions()
+    assert isinstance(audio, SendAudio) and audio.data == np.full(1920, 8192, "<i2").tobytes()
+    assert audio.seconds == pytest.approx(0.08)
+    stats = StreamStats(t_submit=1.0, t_first_audio=1.5, finish_reason="audio_end")
+    s.segment_done(0, "One whole sentence here.", 0, 1, stats)
+    s.audio(pcm, frames=1)
+    s.segment_done(1, "Two", 1, 1, stats)
+    acts = s.actions()
+    seg = [m for m in messages(acts) if m["type"] == "segment"]
+    assert seg[0] == {
+        "type": "segment", "index": 0, "text": "One whole sentence here.", "start_frame": 0, "end_frame": 1,
+        "start_s": 0.0, "end_s": 0.08, "ttfa_ms": 500.0, "finish_reason": "audio_end",
+    }  # fmt: skip
+    assert seg[1]["start_frame"] == 1 and seg[1]["end_s"] == 0.16
+    assert not s.busy
+    clock.t += 1.0
+    s.pipeline_finished()
+    acts = s.actions()
+    (done,) = messages(acts)
+    assert done == {
+        "type": "done", "reason": "end", "segments": 2, "frames": 2, "audio_s": 0.16,
+        "ttfa_ms": 250.0, "rtf": round(0.25 / 0.16, 4), "chars": 28,
+    }  # fmt: skip
+    assert acts[-1] == Close(CloseCode.NORMAL, "done")
+    assert s.closed
+
+
+def test_resampled_session_flushes_the_resampler_tail() -> None:
+    s, _ = make()
+    send(s, {"type": "start", "format": "pcm_s16le_16000"})
+    send(s, {"type": "text", "text": "Words to say"})
+    send(s, {"type": "end"})
+    s.audio(np.sin(np.arange(24000) / 10).astype(np.float32), frames=12)
+    data = b"".join(a.data for a in s.actions() if isinstance(a, SendAudio))
+    s.segment_done(0, "Words to say", 0, 12, None)
+    s.pipeline_finished()
+    acts = s.actions()
+    data += b"".join(a.data for a in acts if isinstance(a, SendAudio))
+    assert len(data) == 2 * 16000
+    assert decode_audio(data, get_format("pcm_s16le_16000")).size == 16000
+
+
+def test_cancel_aborts_and_closes() -> None:
+    s, _ = make()
+    send(s, {"type": "text", "text": "Something long enough to be a segment. More"})
+    acts = send(s, {"type": "cancel"})
+    assert isinstance(acts[0], Abort)
+    assert messages(acts)[0]["reason"] == "cancelled"
+    assert acts[-1] == Close(CloseCode.NORMAL, "cancelled")
+    # late audio and messages after the close are ignored
+    s.audio(np.ones(100, np.float32), 1)
+    assert send(s, {"type": "text", "text": "x"}) == [] and s.actions() == []
+
+
+@pytest.mark.parametrize(
+    "raw,code",
+    [
+        ("{not json", ErrorCode.INVALID_JSON),
+        ('{"type": "speak", "text": "hi"}', ErrorCode.UNKNOWN_TYPE),
+        ('{"type": 5}', ErrorCode.UNKNOWN_TYPE),
+        ('{"text": "hi"}', ErrorCode.INVALID_MESSAGE),
+        ('{"type": "text", "text": 42}', ErrorCode.INVALID_MESSAGE),
+        ('{"type": "text"}', ErrorCode.INVALID_MESSAGE),
+        ('{"type": "text", "text": "hi", "extra": 1}', ErrorCode.INVALID_MESSAGE),
+        ('{"type": "start", "seed": "seven"}', ErrorCode.INVALID_MESSAGE),
+        ('{"type": "start", "sampling": {"audio_temperature": "hot"}}', ErrorCode.INVALID_MESSAGE),
+        ("[1, 2]", ErrorCode.INVALID_MESSAGE),
+        ('"text"', ErrorCode.INVALID_MESSAGE),
+    ],
+)
+def test_bad_messages_get_an_error_and_the_session_stays_usable(raw: str, code: str) -> None:
+    s, _ = make()
+    err = only_error(send(s, raw))
+    assert err["code"] == code and err["message"] and err["fatal"] is False
+    acts = send(s, {"type": "text", "text": "Still works.", "flush": True})
+    assert Synthesize(0, "Still works.") in acts
+
+
+def test_decoder_is_built_once_and_decodes_every_type() -> None:
+    for raw in ('{"type":"start"}', '{"type":"text","text":"a"}', '{"type":"flush"}', '{"type":"end"}', '{"type":"cancel"}'):
+        msg, err = decode_client(raw)
+        assert err is None and msg is not None
+
+
+def test_binary_frames_are_refused_but_harmless() -> None:
+    s, _ = make()
+    s.receive_bytes(b"\x00\x01")
+    assert only_error(s.actions())["code"] == ErrorCode.BINARY_NOT_SUPPORTED
+    assert s.state == "idle"
+
+
+def test_text_after_end() -> None:
+    s, _ = make()
+    send(s, {"type": "text", "text": "Done soon."})
+    send(s, {"type": "end"})
+    assert only_error(send(s, {"type": "text", "text": "more"}))["code"] == ErrorCode.TEXT_AFTER_END
+    assert send(s, {"type": "end"}) == []  # a second end is a no-op
+
+
+def test_limits() -> None:
+    s, _ = make(max_message_bytes=200, max_text_chars=50, max_session_chars=80)
+    assert only_error(send(s, {"type": "text", "text": "x" * 300}))["code"] == ErrorCode.MESSAGE_TOO_LARGE
+    assert only_error(send(s, {"type": "text", "text": "e" * 60}))["code"] == ErrorCode.TEXT_TOO_LONG
+    send(s, {"type": "text", "text": "y" * 50})
+    assert only_error(send(s, {"type": "text", "text": "z" * 40}))["code"] == ErrorCode.SESSION_TEXT_LIMIT
+    assert s.n.chars == 50
+    # multi-byte characters count as bytes for the message limit
+    assert only_error(send(s, {"type": "text", "text": "字" * 60}))["code"] == ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_start_errors_leave_the_session_idle() -> None:
+    s, _ = make()
+    assert only_error(send(s, {"type": "start", "format": "mp3"}))["code"] == ErrorCode.INVALID_FORMAT
+    assert only_error(send(s, {"type": "start", "voice": "v_nope"}))["code"] == ErrorCode.UNKNOWN_VOICE
+    bad = {"type": "start", "sampling": {"audio_top_p": 2.0}}
+    assert only_error(send(s, bad))["code"] == ErrorCode.INVALID_OPTION
+    assert only_error(send(s, {"type": "start", "seed": -1}))["code"] == ErrorCode.INVALID_OPTION
+    assert only_error(send(s, {"type": "start", "max_new_tokens": 0}))["code"] == ErrorCode.INVALID_OPTION
+    assert s.state == "idle"
+    # text after a refused start does not silently start with the defaults
+    assert only_error(send(s, {"type": "text", "text": "hi"}))["code"] == ErrorCode.NOT_STARTED
+    assert messages(send(s, {"type": "start"}))[0]["type"] == "ready"
+    assert only_error(send(s, {"type": "start"}))["code"] == ErrorCode.ALREADY_STARTED
+
+
+def test_server_cap_on_max_new_tokens() -> None:
+    s, _ = make(max_new_tokens=100)
+    (cfg,) = [a for a in send(s, {"type": "start", "max_new_tokens": 500}) if isinstance(a, Configure)]
+    assert cfg.options.max_new_tokens == 100
+    s, _ = make(max_new_tokens=100)
+    (cfg,) = [a for a in send(s, {"type": "start"}) if isinstance(a, Configure)]
+    assert cfg.options.max_new_tokens == 100
+
+
+@pytest.mark.parametrize(
+    "exc,code,fatal,close",
+    [
+        (InputError("text is empty"), ErrorCode.INVALID_TEXT, False, None),
+        (PromptTooLongError("too long"), ErrorCode.PROMPT_TOO_LONG, False, None),
+        (OverloadedError("full"), ErrorCode.OVERLOADED, True, CloseCode.TRY_AGAIN_LATER),
+        (QueueTimeoutError("waited"), ErrorCode.QUEUE_TIMEOUT, True, CloseCode.TRY_AGAIN_LATER),
+        (GenerationError("boom"), ErrorCode.GENERATION_FAILED, True, CloseCode.INTERNAL),
+        (CodecError("bad"), ErrorCode.CODEC_ERROR, True, CloseCode.INTERNAL),
+        (RuntimeError("bug"), ErrorCode.INTERNAL_ERROR, True, CloseCode.INTERNAL),
+    ],
+)
+def test_segment_failures(exc: BaseException, code: str, fatal: bool, close: int | None) -> None:
+    s, _ = make()
+    send(s, {"type": "text", "text": "A sentence. Another one"})
+    s.segment_failed(0, "A sentence.", exc)
+    acts = s.actions()
+    (msg,) = messages(acts)
+    assert msg["code"] == code and msg["fatal"] is fatal
+    if fatal:
+        assert isinstance(acts[0], Abort) and acts[-1] == Close(close, code)  # type: ignore[arg-type]
+    else:
+        assert not s.closed and not any(isinstance(a, Close) for a in acts)
+
+
+def test_idle_timeout_and_slow_client() -> None:
+    s, _ = make(idle_timeout_s=5)
+    send(s, {"type": "start"})
+    s.idle_timeout()
+    acts = s.actions()
+    assert messages(acts)[0]["code"] == ErrorCode.IDLE_TIMEOUT
+    assert acts[-1] == Close(CloseCode.POLICY, ErrorCode.IDLE_TIMEOUT)
+
+    s, _ = make()
+    send(s, {"type": "text", "text": "x"})
+    s.send_stalled(3.0)
+    acts = s.actions()
+    assert isinstance(acts[0], Abort)
+    assert messages(acts)[0]["code"] == ErrorCode.SLOW_CLIENT
+    assert acts[-1] == Close(CloseCode.POLICY, "client too slow", immediate=True)
+
+
+def test_connection_lost_aborts_once() -> None:
+    s, _ = make()
+    send(s, {"type": "text", "text": "x"})
+    s.connection_lost()
+    assert s.actions() == [Abort()]
+    s.connection_lost()
+    assert s.actions() == []
+
+
+# -- the WebSocket layer's send buffer (streamtts.server.ws.Outbox) ---------------------------------
+
+
+def test_outbox_drops_a_client_that_stops_reading() -> None:
+    import asyncio
+
+    from streamtts.server.ws import Outbox
+
+    async def main() -> bool:
+        box = Outbox(limit_s=1.0, min_rate=0.5)
+        box.put("ready")
+        for _ in range(3):
+            box.put(b"x" * 10, seconds=0.5)  # 1.5 s queued: full
+        assert await box.get() == "ready"  # messages do not count as audio
+        return await box.wait_room(stall_s=0.2)
+
+    assert asyncio.run(main()) is False
+
+
+def test_outbox_keeps_a_client_that_reads_in_real_time() -> None:
+    import asyncio
+
+    from streamtts.server.ws import Outbox
+
+    async def main() -> list[bool]:
+        box = Outbox(limit_s=0.2, min_rate=0.5)
+
+        async def reader() -> None:  # takes 0.05 s of audio every 0.05 s: real time
+            while True:
+                await box.get()
+                await asyncio.sleep(0.05)
+
+        task = asyncio.create_task(reader())
+        ok = []
+        for _ in range(12):  # the producer is far ahead: the buffer is full all along
+            ok.append(await box.wait_room(stall_s=0.15))
+            box.put(b"x", seconds=0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return ok
+
+    assert all(asyncio.run(main()))
+
+
+def test_outbox_abort_drops_audio_but_keeps_messages() -> None:
+    import asyncio
+
+    from streamtts.server.session import Close
+    from streamtts.server.ws import Outbox
+
+    async def main() -> list[object]:
+        box = Outbox(limit_s=1.0)
+        box.put(b"a", 0.5)
+        box.put('{"type":"segment"}')
+        box.put(b"b", 0.6)
+        box.drop_audio()
+        box.put(Close(1000, "done"))
+        return [await box.get(), await box.get()]
+
+    assert asyncio.run(main()) == ['{"type":"segment"}', Close(1000, "done")]
