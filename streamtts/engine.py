@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .errors import EngineClosedError, OverloadedError
 from .prepare import Preparer, ReferenceLike, Voice
 from .request import AudioChunk, StreamOptions, StreamStats
 from .sink import StreamSink
+
+if TYPE_CHECKING:
+    from .long_text import LongTextStream
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +221,13 @@ class Engine:
         sampling: SamplingParams | None = None,
         max_new_tokens: int | None = None,
         options: StreamOptions | None = None,
-    ) -> AudioStream:
+    ) -> AudioStream | LongTextStream:
         """Stream speech for ``text``: chunks arrive as soon as frames are decoded.
 
         ``options`` carries every setting; the keyword shortcuts override it.
+        Text longer than one generation fits in the context is spoken as
+        segments in one voice (:class:`streamtts.long_text.LongTextStream`);
+        encode a reference clip first (``encode_voice``) to use one there.
         """
         opts = options or StreamOptions()
         short = {"language": language, "seed": seed, "sampling": sampling, "max_new_tokens": max_new_tokens}
@@ -230,6 +236,14 @@ class Engine:
             import msgspec
 
             opts = msgspec.structs.replace(opts, **changes)
+        if (
+            isinstance(text, str)
+            and self._preparer is not None
+            and not self._preparer.fits_one_generation(text, reference, opts)
+        ):
+            from .long_text import LongTextStream
+
+            return LongTextStream(self, text, reference, opts)
         return AudioStream(self, text, reference, opts)
 
     async def generate(self, text: str, **kwargs: Any) -> Synthesis:

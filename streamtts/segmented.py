@@ -117,6 +117,7 @@ class SegmentAudio:
     index: int
     pcm: Float32Array
     frames: int  # audio frames this event completes (0 for a held-back tail)
+    codes: npt.NDArray[np.int64] | None = None  # those frames' codes (None for a tail)
 
 
 @dataclass(slots=True)
@@ -297,7 +298,7 @@ class SegmentedSpeech:
                 self.frames += n
                 if self.t_first_audio is None and pcm.shape[0]:
                     self.t_first_audio = time.monotonic()
-                yield SegmentAudio(g.index, pcm, n)
+                yield SegmentAudio(g.index, pcm, n, item.codes)
                 continue
             self._active.popleft()
             tail = joiner.push(np.zeros(0, np.float32), last=True)
@@ -326,7 +327,7 @@ async def speak_segments(
     *,
     raise_errors: bool = True,
     **kwargs: Any,
-) -> AsyncIterator[SegmentEvent]:
+) -> AsyncGenerator[SegmentEvent, None]:
     """All ``segments`` in one voice (``kwargs`` as :class:`SegmentedSpeech`).
 
     With ``raise_errors`` a failed segment raises its error (and aborts the

@@ -349,3 +349,31 @@ def test_sync_wrapper(demo_model_dir: Path) -> None:
         wav = tts.synthesize(TEXT, options=StreamOptions(seed=1, fixed_frames=4))
     assert sum(len(c.frames) for c in chunks) == 4
     np.testing.assert_array_equal(np.concatenate([c.pcm for c in chunks]), wav)
+
+
+def test_long_text_is_spoken_in_segments_in_one_voice(demo_model_dir: Path) -> None:
+    long = " ".join(
+        f"This is sentence number {i}, and it carries on for a little while before it stops." for i in range(12)
+    )
+
+    async def main() -> tuple[Any, list[Any], Any]:
+        async with make_engine(demo_model_dir, n_ctx=512) as engine:
+            s = engine.stream(long, options=StreamOptions(seed=3, sampling=SamplingParams.greedy()))
+            chunks = []
+            async with s:
+                async for c in s:
+                    chunks.append(c)
+            return s, chunks, engine.active_streams
+
+    s, chunks, active = run(main())
+    from streamtts.long_text import LongTextStream
+
+    assert isinstance(s, LongTextStream) and len(s.segments) >= 3
+    frames = [f for c in chunks for f in c.frames]
+    assert frames == list(range(len(frames)))  # continuous numbering across segments
+    assert s.stats.frames == len(frames) and s.stats.prompt_rows > 512
+    codes = np.concatenate([c.codes for c in chunks])
+    assert codes.shape == (len(frames), 32)
+    pcm = np.concatenate([c.pcm for c in chunks])
+    assert pcm.shape[0] == len(frames) * 1920
+    assert active == 0
