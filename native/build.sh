@@ -26,6 +26,9 @@
 #   STREAMTTS_NATIVE=0       build portable binaries (-DGGML_NATIVE=OFF); default 1 (-march=native)
 #   STREAMTTS_OPENMP=1       use OpenMP for llama.cpp's CPU threads (default 0: ggml's own
 #                            thread pool, which the bridge can make sleep instead of spin)
+#   STREAMTTS_BATCH_INVARIANT=1  CPU: -DGGML_LLAMAFILE=OFF, so a row's result never depends on
+#                            how many rows share its batch (bit-identical streams alone or
+#                            batched, also when sampling); prefill about 2x slower on CPU
 #   STREAMTTS_BUILD_JOBS     parallel build jobs (default: number of CPUs)
 #   STREAMTTS_BUILD_VERBOSE=1  show cmake/compiler output instead of logging it to a file
 #   PYTHON                   interpreter whose pip downloads the sdist (default: the active
@@ -202,6 +205,10 @@ NATIVE_OPT=ON
 if [[ "${STREAMTTS_NATIVE:-1}" == 0 ]]; then NATIVE_OPT=OFF; fi
 OPENMP_OPT=OFF
 if [[ "${STREAMTTS_OPENMP:-0}" == 1 ]]; then OPENMP_OPT=ON; fi
+# llamafile's sgemm computes batches of >= 2 rows with another accumulation order than
+# the 1-row path: off, every batch size gives bit-identical rows (slower CPU prefill).
+LLAMAFILE_OPT=ON
+if [[ "${STREAMTTS_BATCH_INVARIANT:-0}" == 1 ]]; then LLAMAFILE_OPT=OFF; fi
 
 CMAKE_OPTS=(
     -DCMAKE_BUILD_TYPE=Release
@@ -211,6 +218,7 @@ CMAKE_OPTS=(
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
     -DGGML_NATIVE="$NATIVE_OPT"
     -DGGML_OPENMP="$OPENMP_OPT"
+    -DGGML_LLAMAFILE="$LLAMAFILE_OPT"
     -DGGML_BACKEND_DL=OFF
     # every library finds its siblings in its own folder: no LD_LIBRARY_PATH needed
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
