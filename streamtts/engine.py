@@ -236,14 +236,12 @@ class Engine:
             import msgspec
 
             opts = msgspec.structs.replace(opts, **changes)
-        if (
-            isinstance(text, str)
-            and self._preparer is not None
-            and not self._preparer.fits_one_generation(text, reference, opts)
-        ):
+        if isinstance(text, str) and self._preparer is not None and not self._preparer.fits_one_generation(text, reference):
             from .long_text import LongTextStream
+            from .segmenter import split_text
 
-            return LongTextStream(self, text, reference, opts)
+            if len(split_text(text)) > 1:  # one segment that doesn't fit: PromptTooLongError says so
+                return LongTextStream(self, text, reference, opts)
         return AudioStream(self, text, reference, opts)
 
     async def generate(self, text: str, **kwargs: Any) -> Synthesis:

@@ -92,10 +92,12 @@ class Preparer:
     FRAMES_PER_TOKEN = 4.0  # generous speech length per text token (about 3 in English)
     TEMPLATE_ROWS = 80  # prompt rows besides the text and the reference block
 
-    def fits_one_generation(self, text: str, reference: ReferenceLike, options: StreamOptions) -> bool:
-        """Whether prompt + expected speech fit one stream's context (else: speak it in segments)."""
-        normalize = self.cfg.normalize_text if options.normalize is None else options.normalize
-        clean = normalize_text(text) if normalize else text
+    def fits_one_generation(self, text: str, reference: ReferenceLike) -> bool:
+        """Whether prompt + expected speech fit one stream's context (else: speak it in segments).
+
+        ``max_new_tokens`` is a cap the caller chose, not a reason to split.
+        """
+        clean = normalize_text(text) if self.cfg.normalize_text else text
         tokens = len(self.tokenizer.encode(clean))
         ref_rows = 0
         if isinstance(reference, Voice):
@@ -103,8 +105,7 @@ class Preparer:
         elif reference is not None:
             ref_rows = 30 * 13 + self.ids.n_vq  # up to 30 s of reference
         speech = int(tokens * self.FRAMES_PER_TOKEN) + self.ids.n_vq
-        budget = min(self.n_ctx_seq, self.TEMPLATE_ROWS + tokens + ref_rows + (options.max_new_tokens or self.cfg.max_new_tokens))
-        return self.TEMPLATE_ROWS + tokens + ref_rows + speech <= budget
+        return self.TEMPLATE_ROWS + tokens + ref_rows + speech <= self.n_ctx_seq
 
     def prepare(
         self, rid: int, text: str, reference: ReferenceLike, options: StreamOptions, sink: Any, stats: StreamStats
