@@ -84,7 +84,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     heads_backend: Literal["auto", "numpy", "torch", "fused"] = "auto"
     n_ctx: int = 4096
     n_batch: int = 512
-    n_threads: int = 0  # 0 = number of physical cores
+    n_threads: int = 0  # 0 = physical cores
     n_gpu_layers: int = -1
     max_new_tokens: int = 3072
     use_gpu_audio: bool = True

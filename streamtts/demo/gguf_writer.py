@@ -39,6 +39,7 @@ _DTYPES: dict[str, tuple[str, int]] = {
     "f16": ("F16", 1),
     "bf16": ("BF16", 32),
     "q8_0": ("Q8_0", 7),
+    "q4_0": ("Q4_0", 2),
 }
 
 
@@ -144,7 +145,7 @@ def write_qwen3_gguf(
     output: (n_vocab, n_embd), the output layer (the head llama.cpp computes logits with).
     token_embd: (n_vocab, n_embd) or None; streamtts never reads it, so None writes zeros
     (Q8_0, the cheapest type llama.cpp reads for it).
-    dtype: matrices as f16 (default), f32, bf16 or q8_0 (q8_0 needs n_embd and n_ff to be
+    dtype: matrices as f16 (default), f32, bf16, q8_0 or q4_0 (quantized types need n_embd and n_ff to be
     multiples of 32); 1-D norm weights are always f32.
     The file is written next to ``path`` and renamed into place.
     """

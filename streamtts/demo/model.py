@@ -104,6 +104,9 @@ class DemoPreset:
     n_head_kv: int
     head_dim: int
     n_ff: int
+    #: GGUF matrix type. Published backbones are quantized (Q4_K_M ... Q8_0): the mid preset is
+    #: q4_0 so CPU timings (and how they scale with batch size) resemble a real deployment.
+    dtype: str = "f16"
 
 
 PRESETS: dict[str, DemoPreset] = {
@@ -111,7 +114,7 @@ PRESETS: dict[str, DemoPreset] = {
     "tiny": DemoPreset("tiny", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16, n_ff=128),
     # A backbone step of tens of ms on 2 CPU threads (benchmarks, latency work).
     "mid": DemoPreset(
-        "mid", n_embd=1024, n_layer=24, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072
+        "mid", n_embd=1024, n_layer=24, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072, dtype="q4_0"
     ),
 }
 
@@ -411,7 +414,8 @@ def write_demo_model(
     _save_f16(gg / "lm_heads" / "lm_head_text.npy", w.lm_head_text)
     for k, t in enumerate(w.lm_head_audio):
         _save_f16(gg / "lm_heads" / f"lm_head_audio_{k:02d}.npy", t)
-    # The GGUF's output layer is the text head, bit-identical to lm_head_text.npy.
+    # The GGUF's output layer is the text head: bit-identical to lm_head_text.npy in f16,
+    # quantized like the published files otherwise.
     with _quiet_gguf():
         write_qwen3_gguf(
             gg / GGUF_NAME,
@@ -419,7 +423,7 @@ def write_demo_model(
             w.layers,
             output=w.lm_head_text.astype(np.float16),
             token_embd=None,
-            dtype="f16",
+            dtype=p.dtype,
         )
     (gg / "config.json").write_text(
         json.dumps(_model_config(p, ids), indent=2) + "\n", encoding="utf-8"
