@@ -20,32 +20,24 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from streamtts.demo.gguf_writer import Qwen3Shape, add_qwen3_header
 
 ARCH = "qwen3"
 V_TEXT = 151936
 
 
-@dataclass(frozen=True)
-class Shape:
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int = V_TEXT
-
+Shape = Qwen3Shape
 
 SHAPES = {
     # Qwen3-8B (config.json: hidden 4096, 36 layers, 32 heads, 8 KV heads, head_dim 128,
     # intermediate 12288, vocab 151936): MOSS-TTS-Delay's backbone.
-    "8b": Shape(4096, 36, 32, 8, 128, 12288),
+    "8b": Shape(4096, 36, 32, 8, 128, 12288, V_TEXT, n_ctx_train=40960),
     # Same structure, CPU-sized: every K dimension a multiple of 256 (K-quant blocks).
-    "tiny": Shape(256, 2, 4, 2, 64, 512),
+    "tiny": Shape(256, 2, 4, 2, 64, 512, V_TEXT, n_ctx_train=40960),
 }
 
 # block size, bytes per block, (offset of d, offset of dmin or -1)
@@ -126,22 +118,8 @@ def write_gguf(path: Path, shape: Shape, quant: str = "Q4_K_M", seed: int = 0) -
     ftype = 2 if quant == "Q4_0" else 15  # llama_ftype MOSTLY_Q4_0 / MOSTLY_Q4_K_M
     tmp = path.with_name(f".{path.name}.tmp")
     w = gguf.GGUFWriter(tmp, ARCH)
-    w.add_name(f"streamtts random qwen3 {quant}")
-    w.add_file_type(ftype)
+    add_qwen3_header(w, shape, f"streamtts random qwen3 {quant}", ftype)
     w.add_quantization_version(2)
-    w.add_vocab_size(shape.n_vocab)
-    w.add_context_length(40960)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
-    w.add_rope_dimension_count(shape.head_dim)
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("none")
     for name, (shp, qt) in plan.items():
         raw = gguf.GGMLQuantizationType[qt]
         w.add_tensor_info(name, shp, np.dtype(np.float32), _nbytes(shp, qt), raw_dtype=raw)

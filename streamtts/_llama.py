@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 from .errors import NativeLibraryError
+from .paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -163,16 +164,6 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 # -- discovery ------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """The streamtts cache folder build.sh writes to."""
-    env = os.environ.get("STREAMTTS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "streamtts"
 
 
 def _variant_lib(variant: str) -> Path:

@@ -308,34 +308,11 @@ def _warn_if_stale(path: Path, cfg: EngineConfig) -> None:
 # -- writing (streamtts/fused_convert.py) ---------------------------------------------------
 
 
-def convert(
-    src_gguf: str | os.PathLike[str],
-    heads: str | os.PathLike[str] | EngineConfig,
-    dst: str | os.PathLike[str] | None = None,
-    *,
-    include_text_head: bool = False,
-    audio_dtype: AudioDtype = "f16",
-    text_source: TextSource = "gguf",
-    ids: TokenIds | None = None,
-    progress: Progress | None = None,
-) -> FusedInfo:
-    """Write a fused-heads GGUF from ``src_gguf`` and the heads in ``heads``.
-
-    heads: the ``lm_heads`` folder (``lm_head_audio_XX.npy``, ``lm_head_text.npy``)
-    or an ``EngineConfig`` (its ``lm_head_dir`` and model config.json).
-    dst: default ``<src stem>.fused.gguf`` next to the source (the engine picks
-    that name up by itself). audio_dtype: type of the fused output layer (f16 as
-    the published npy heads; f32 keeps llama.cpp's CPU matmul from rounding the
-    hidden state to f16, see docs/gpu.md). Tensors are streamed: memory stays
-    bounded whatever the source's size. The file is written next to ``dst`` and
-    renamed into place. (The writer lives in ``fused_convert``.)
-    """
+def convert(*args: Any, **kwargs: Any) -> FusedInfo:
+    """Write a fused-heads GGUF: :func:`streamtts.fused_convert.convert` (imported on use)."""
     from .fused_convert import convert as _convert
 
-    return _convert(
-        src_gguf, heads, dst, include_text_head=include_text_head, audio_dtype=audio_dtype,
-        text_source=text_source, ids=ids, progress=progress,
-    )  # fmt: skip
+    return _convert(*args, **kwargs)
 
 
 def config_line(

@@ -192,22 +192,21 @@ def check_codes(codes: np.ndarray, n_vq: int = N_VQ) -> np.ndarray:
     return codes.astype(np.int64, copy=False)
 
 
+def decoder_session(path: str | Path, *, use_gpu: bool, threads: int) -> _OnnxSession:
+    """An ONNX Runtime session on a decoder.onnx checked against the codec contract."""
+    return _OnnxSession(
+        path, what="decoder", key="audio_decoder_onnx", expected=_DECODER_EXPECTED,
+        inputs=_DECODER_INPUTS, outputs=_DECODER_OUTPUTS, use_gpu=use_gpu, threads=threads,
+    )  # fmt: skip
+
+
 class OnnxDecoder:
     """:class:`~streamtts.codec.AudioDecoder` on ONNX Runtime."""
 
     max_batch: int = MAX_BATCH
 
     def __init__(self, path: str | Path, *, use_gpu: bool = False, threads: int = 0) -> None:
-        self._s = _OnnxSession(
-            path,
-            what="decoder",
-            key="audio_decoder_onnx",
-            expected=_DECODER_EXPECTED,
-            inputs=_DECODER_INPUTS,
-            outputs=_DECODER_OUTPUTS,
-            use_gpu=use_gpu,
-            threads=threads,
-        )
+        self._s = decoder_session(path, use_gpu=use_gpu, threads=threads)
         self.path = self._s.path
         self.provider = self._s.provider
 
@@ -254,15 +253,9 @@ class OnnxEncoder:
 
     def __init__(self, path: str | Path, *, use_gpu: bool = False, threads: int = 0) -> None:
         self._s = _OnnxSession(
-            path,
-            what="encoder",
-            key="audio_encoder_onnx",
-            expected=_ENCODER_EXPECTED,
-            inputs=_ENCODER_INPUTS,
-            outputs=_ENCODER_OUTPUTS,
-            use_gpu=use_gpu,
-            threads=threads,
-        )
+            path, what="encoder", key="audio_encoder_onnx", expected=_ENCODER_EXPECTED,
+            inputs=_ENCODER_INPUTS, outputs=_ENCODER_OUTPUTS, use_gpu=use_gpu, threads=threads,
+        )  # fmt: skip
         self.path = self._s.path
         self.provider = self._s.provider
 

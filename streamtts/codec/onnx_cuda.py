@@ -23,15 +23,12 @@ import numpy as np
 
 from ..errors import CodecError
 from .onnx import (
-    _DECODER_EXPECTED,
-    _DECODER_INPUTS,
-    _DECODER_OUTPUTS,
     FRAME_SAMPLES,
     MAX_BATCH,
     N_VQ,
     _import_ort,
-    _OnnxSession,
     check_codes,
+    decoder_session,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,16 +61,7 @@ class OnnxBoundDecoder:
     ) -> None:
         if device not in ("cuda", "cpu"):
             raise CodecError(f"device must be cuda or cpu, got {device!r}")
-        self._s = _OnnxSession(
-            path,
-            what="decoder",
-            key="audio_decoder_onnx",
-            expected=_DECODER_EXPECTED,
-            inputs=_DECODER_INPUTS,
-            outputs=_DECODER_OUTPUTS,
-            use_gpu=device == "cuda",
-            threads=threads,
-        )
+        self._s = decoder_session(path, use_gpu=device == "cuda", threads=threads)
         if device == "cuda" and self._s.provider != "CUDAExecutionProvider":
             raise CodecError(
                 f"ONNX Runtime did not load the CUDA provider for {path} (got {self._s.provider}); "

@@ -130,6 +130,26 @@ def _encode(a: npt.NDArray[Any], dtype: str) -> tuple[npt.NDArray[Any], Any]:
     return quantize(np.ascontiguousarray(a, dtype=np.float32), qtype), qtype
 
 
+def add_qwen3_header(w: Any, shape: Qwen3Shape, name: str, file_type: int) -> None:
+    """The KV metadata llama.cpp needs to load a qwen3 model fed with embeddings only."""
+    w.add_name(name)
+    w.add_file_type(file_type)
+    w.add_vocab_size(shape.n_vocab)
+    w.add_context_length(shape.n_ctx_train)
+    w.add_embedding_length(shape.n_embd)
+    w.add_block_count(shape.n_layer)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_dimension_count(shape.head_dim)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.rms_eps)
+    # no tokenizer: the model loads with n_vocab dummy tokens (contract section 9)
+    w.add_tokenizer_model("none")
+
+
 def write_qwen3_gguf(
     path: str | os.PathLike[str],
     shape: Qwen3Shape,
@@ -178,21 +198,7 @@ def write_qwen3_gguf(
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     w = gguf.GGUFWriter(tmp, ARCH)
     try:
-        w.add_name("streamtts random qwen3")
-        w.add_file_type(_DTYPES[dtype][1])
-        w.add_vocab_size(shape.n_vocab)
-        w.add_context_length(shape.n_ctx_train)
-        w.add_embedding_length(shape.n_embd)
-        w.add_block_count(shape.n_layer)
-        w.add_feed_forward_length(shape.n_ff)
-        w.add_head_count(shape.n_head)
-        w.add_head_count_kv(shape.n_head_kv)
-        w.add_key_length(shape.head_dim)
-        w.add_value_length(shape.head_dim)
-        w.add_rope_dimension_count(shape.head_dim)
-        w.add_rope_freq_base(shape.rope_theta)
-        w.add_layer_norm_rms_eps(shape.rms_eps)
-        w.add_tokenizer_model("none")
+        add_qwen3_header(w, shape, "streamtts random qwen3", _DTYPES[dtype][1])
 
         # token_embd: zeros need no quantizing: an all-zero Q8_0 block is 34 zero bytes
         if token_embd is None:

@@ -74,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from ..paths import cache_dir
 from ..tokens import TokenIds
 from .codec import write_codec
 from .reference_forward import Qwen3Reference
@@ -452,14 +453,7 @@ def write_demo_model(
     return cfg_path
 
 
-def default_cache_dir() -> Path:
-    """``$STREAMTTS_CACHE``, else ``$XDG_CACHE_HOME/streamtts``, else ``~/.cache/streamtts``."""
-    env = os.environ.get("STREAMTTS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "streamtts"
+default_cache_dir = cache_dir  # ``$STREAMTTS_CACHE`` / ``$XDG_CACHE_HOME/streamtts`` / ``~/.cache/streamtts``
 
 
 def _complete(d: Path) -> bool:
