@@ -39,7 +39,7 @@ from ..errors import ReferenceAudioError, StreamTTSError
 from ..prepare import Voice
 from .metrics import CONTENT_TYPE
 from .protocol import ErrorCode
-from .speech_http import check_access, error_response, read_body, speech_endpoint
+from .speech_http import check_access, error_response, read_request, speech_endpoint
 from .state import ServerSettings, ServerState
 from .voices import VoiceStore
 from .ws import websocket_endpoint
@@ -144,15 +144,9 @@ async def metrics(request: Request) -> Response:
 async def upload_voice(request: Request) -> Response:
     s = _state(request)
     m = s.metrics
-    denied = check_access(s, request)
-    if denied is not None:
-        return denied
-    data = await read_body(request, s.settings.max_voice_bytes)
-    if data is None:
-        m.errors_total.inc(code=ErrorCode.MESSAGE_TOO_LARGE)
-        return error_response(
-            413, ErrorCode.MESSAGE_TOO_LARGE, f"clip over {s.settings.max_voice_bytes} bytes"
-        )
+    data = await read_request(s, request, s.settings.max_voice_bytes, "clip")
+    if isinstance(data, Response):
+        return data
     if not data:
         m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
         return error_response(

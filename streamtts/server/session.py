@@ -402,10 +402,9 @@ class Session:
     def _on_end(self) -> None:
         if self.state in ("ended", "closed"):
             return
-        if self.state == "idle" and not self._implicit_start():
+        self._on_flush()
+        if self.state in ("idle", "closed"):  # the implicit start was refused
             return
-        assert self._segmenter is not None
-        self._submit(self._segmenter.flush())
         self.state = "ended"
         self._out.append(EndInput())
 

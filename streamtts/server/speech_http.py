@@ -118,20 +118,24 @@ async def read_body(request: Request, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-async def speech_endpoint(request: Request) -> Response:
-    state: ServerState = request.app.state.streamtts
-    m = state.metrics
+async def read_request(state: ServerState, request: Request, limit: int, what: str) -> bytes | Response:
+    """Access check, then the body; an error response (401/403/413) instead when refused."""
     denied = check_access(state, request)
     if denied is not None:
         return denied
-    body = await read_body(request, state.settings.max_http_body_bytes)
+    body = await read_body(request, limit)
     if body is None:
-        m.errors_total.inc(code=ErrorCode.MESSAGE_TOO_LARGE)
-        return error_response(
-            413,
-            ErrorCode.MESSAGE_TOO_LARGE,
-            f"body over {state.settings.max_http_body_bytes} bytes",
-        )
+        state.metrics.errors_total.inc(code=ErrorCode.MESSAGE_TOO_LARGE)
+        return error_response(413, ErrorCode.MESSAGE_TOO_LARGE, f"{what} over {limit} bytes")
+    return body
+
+
+async def speech_endpoint(request: Request) -> Response:
+    state: ServerState = request.app.state.streamtts
+    m = state.metrics
+    body = await read_request(state, request, state.settings.max_http_body_bytes, "body")
+    if isinstance(body, Response):
+        return body
     try:
         req = msgspec.json.decode(body, type=SpeechRequest)
         fmt, wav, sse = _format(req)
