@@ -24,11 +24,12 @@ from streamtts.tokens import load_token_ids
 from streamtts.weights import AudioHeads
 
 
-def probe(cfg_path: str, batch: int, steps: int, prompt: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+def probe(cfg_path: str, batch: int, steps: int, prompt: int, threads: int, flash_attn: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     cfg = load_config(cfg_path)
     ids = load_token_ids(find_model_config(cfg))
     params = BackboneParams(
-        model_path=cfg.backbone_gguf, n_ctx=1024 * batch, n_batch=512, n_seq_max=batch, n_threads=threads
+        model_path=cfg.backbone_gguf, n_ctx=1024 * batch, n_batch=512, n_seq_max=batch, n_threads=threads,
+        flash_attn=flash_attn,
     )
     with Backbone(params) as bb:
         h_dim = bb.n_embd
@@ -55,10 +56,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--prompt", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--flash-attn", default="auto", help="auto | enabled | disabled")
     ap.add_argument("--batches", type=int, nargs="+", default=[2, 4, 8])
     a = ap.parse_args()
     cfg = a.config or str(ensure_demo_model())
-    runs = {b: probe(cfg, b, a.steps, a.prompt, a.threads) for b in [1, *a.batches]}
+    runs = {b: probe(cfg, b, a.steps, a.prompt, a.threads, a.flash_attn) for b in [1, *a.batches]}
     h1, l1 = runs[1]
     h2, l2 = runs[a.batches[0]]
     out = {

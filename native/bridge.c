@@ -679,6 +679,71 @@ STT_API int32_t stt_seq_pos_max(struct stt_ctx *c, int32_t seq, int32_t *pos_out
     return STT_OK;
 }
 
+/* Bytes a snapshot of sequence seq's KV cells takes (llama_state_seq_get_size), into *size_out. */
+STT_API int32_t stt_seq_state_size(struct stt_ctx *c, int32_t seq, uint64_t *size_out) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    if (size_out == NULL || seq < 0 || seq >= c->n_seq_max) {
+        set_err(c, "sequence id %d out of range [0, %d)", seq, c->n_seq_max);
+        return STT_E_INVALID;
+    }
+    *size_out = (uint64_t)llama_state_seq_get_size(c->lctx, seq);
+    return STT_OK;
+}
+
+/* Snapshot sequence seq's KV cells (positions, K and V) into dst; *written = bytes used.
+ * The prefix cache keeps these to start later sequences without recomputing the prefix. */
+STT_API int32_t stt_seq_state_get(struct stt_ctx *c, int32_t seq, uint8_t *dst, uint64_t capacity,
+                                  uint64_t *written) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    if (seq < 0 || seq >= c->n_seq_max) {
+        set_err(c, "sequence id %d out of range [0, %d)", seq, c->n_seq_max);
+        return STT_E_INVALID;
+    }
+    if (dst == NULL || written == NULL) {
+        set_err(c, "null buffer");
+        return STT_E_INVALID;
+    }
+    const uint64_t log_mark = log_error_seq();
+    const size_t n = llama_state_seq_get_data(c->lctx, dst, (size_t)capacity, seq);
+    if (n == 0) {
+        set_err(c, "llama.cpp could not snapshot sequence %d into %llu bytes", seq,
+                (unsigned long long)capacity);
+        append_llama_error(c, log_mark);
+        return STT_E_FATAL;
+    }
+    *written = (uint64_t)n;
+    return STT_OK;
+}
+
+/* Load a snapshot made by stt_seq_state_get into sequence seq, which must be empty. */
+STT_API int32_t stt_seq_state_set(struct stt_ctx *c, int32_t seq, const uint8_t *src, uint64_t size) {
+    if (c == NULL) return STT_E_INVALID;
+    c->err[0] = '\0';
+    if (seq < 0 || seq >= c->n_seq_max) {
+        set_err(c, "sequence id %d out of range [0, %d)", seq, c->n_seq_max);
+        return STT_E_INVALID;
+    }
+    if (src == NULL || size == 0) {
+        set_err(c, "empty snapshot");
+        return STT_E_INVALID;
+    }
+    if (llama_memory_seq_pos_max(c->mem, seq) >= 0) {
+        set_err(c, "sequence %d is not empty (seq_rm it before loading a snapshot)", seq);
+        return STT_E_INVALID;
+    }
+    const uint64_t log_mark = log_error_seq();
+    if (llama_state_seq_set_data(c->lctx, src, (size_t)size, seq) == 0) {
+        set_err(c, "llama.cpp could not load a %llu-byte snapshot into sequence %d (no room in "
+                "its KV cache, or the snapshot is from another model)", (unsigned long long)size, seq);
+        append_llama_error(c, log_mark);
+        llama_memory_seq_rm(c->mem, seq, -1, -1); /* leave it empty, not half-loaded */
+        return STT_E_NO_SLOT;
+    }
+    return STT_OK;
+}
+
 /* Empty the whole KV cache (all sequences). */
 STT_API int32_t stt_memory_clear(struct stt_ctx *c) {
     if (c == NULL) return STT_E_INVALID;

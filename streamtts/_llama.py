@@ -57,6 +57,7 @@ STATUS_NAMES = {
 
 c_int32 = ctypes.c_int32
 c_void_p = ctypes.c_void_p
+c_uint64 = ctypes.c_uint64
 c_char_p = ctypes.c_char_p
 
 
@@ -136,6 +137,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_seq_rm", c_int32, [c_void_p, c_int32])
     # int32_t stt_seq_pos_max(stt_ctx *c, int32_t seq, int32_t *pos_out);
     fn("stt_seq_pos_max", c_int32, [c_void_p, c_int32, P(c_int32)])
+    # int32_t stt_seq_state_size(stt_ctx *c, int32_t seq, uint64_t *size_out);
+    fn("stt_seq_state_size", c_int32, [c_void_p, c_int32, P(c_uint64)])
+    # int32_t stt_seq_state_get(stt_ctx *c, int32_t seq, uint8_t *dst, uint64_t capacity,
+    #                           uint64_t *written);
+    fn("stt_seq_state_get", c_int32, [c_void_p, c_int32, c_void_p, c_uint64, P(c_uint64)])
+    # int32_t stt_seq_state_set(stt_ctx *c, int32_t seq, const uint8_t *src, uint64_t size);
+    fn("stt_seq_state_set", c_int32, [c_void_p, c_int32, c_void_p, c_uint64])
     # int32_t stt_memory_clear(stt_ctx *c);
     fn("stt_memory_clear", c_int32, [c_void_p])
     # int32_t stt_n_embd(const stt_ctx *c);   (and n_vocab, n_ctx, n_ctx_seq, n_seq_max,

@@ -450,6 +450,27 @@ class Backbone:
             self._raise("seq_pos_max", rc)
         return int(out.value)
 
+    def seq_state(self, seq: int) -> npt.NDArray[np.uint8]:
+        """Snapshot of sequence seq's KV cells (positions, K, V) as bytes."""
+        h = self._check_open("seq_state")
+        size = ctypes.c_uint64(0)
+        rc = self._lib.stt_seq_state_size(h, int(seq), ctypes.byref(size))
+        if rc < 0:
+            self._raise("seq_state", rc)
+        buf = np.empty(max(int(size.value), 1), dtype=np.uint8)
+        written = ctypes.c_uint64(0)
+        rc = self._lib.stt_seq_state_get(h, int(seq), buf.ctypes.data, buf.nbytes, ctypes.byref(written))
+        if rc < 0:
+            self._raise("seq_state", rc)
+        return buf[: int(written.value)]
+
+    def load_seq_state(self, seq: int, state: npt.NDArray[np.uint8]) -> None:
+        """Load a :meth:`seq_state` snapshot into the empty sequence seq."""
+        s = np.ascontiguousarray(state, dtype=np.uint8)
+        rc = self._lib.stt_seq_state_set(self._check_open("load_seq_state"), int(seq), s.ctypes.data, s.nbytes)
+        if rc < 0:
+            self._raise("load_seq_state", rc)
+
     def memory_clear(self) -> None:
         """Empty the whole KV cache (every sequence)."""
         rc = self._lib.stt_memory_clear(self._check_open("memory_clear"))

@@ -52,6 +52,12 @@ class NullBackbone:
     def seq_rm(self, seq: int) -> None:
         pass
 
+    def seq_state(self, seq: int) -> np.ndarray:
+        return np.zeros(64, dtype=np.uint8)  # the prefix cache's bookkeeping still runs
+
+    def load_seq_state(self, seq: int, state: np.ndarray) -> None:
+        pass
+
     def set_logit_columns(self, cols: Any) -> None:
         pass
 

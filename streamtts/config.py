@@ -106,6 +106,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     normalize_text: bool = True
     max_streams: int = 4  # concurrent sequences (llama.cpp n_seq_max); n_ctx is per stream
     prefill_chunk: int = 512  # prompt rows joining streams may prefill per tick (official: n_batch)
+    # KV snapshots of shared prompt prefixes (template + reference voice), 0 = off
+    prefix_cache_mib: int = 256
     max_batch_rows: int = 0  # streams stepped per tick at most (0 = all); the ones closest to running dry first
     queue_size: int = 64  # requests waiting for a slot before new ones are refused
     queue_timeout_s: float = 30.0
@@ -134,6 +136,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_streams < 1:
             raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
+        if self.prefix_cache_mib < 0:
+            raise ConfigError(f"prefix_cache_mib must be >= 0, got {self.prefix_cache_mib}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.decode_context_frames < 0:

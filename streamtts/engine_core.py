@@ -27,6 +27,7 @@ from .config import EngineConfig
 from .decoding import DecodeJob, DecodeWorker
 from .errors import EngineClosedError, GenerationError, QueueTimeoutError
 from .frames import FrameAssembler
+from .prefix_cache import PrefixCache
 from .request import FRAME_RATE, PreparedRequest
 from .state import DelayStates
 from .tokens import TokenIds
@@ -57,6 +58,10 @@ class BackboneLike(Protocol):
     def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int: ...
 
     def seq_rm(self, seq: int) -> None: ...
+
+    def seq_state(self, seq: int) -> np.ndarray: ...
+
+    def load_seq_state(self, seq: int, state: np.ndarray) -> None: ...
 
 
 @dataclass
@@ -147,6 +152,9 @@ class EngineCore:
         self._thread = threading.Thread(target=self._run, name="streamtts-engine", daemon=True)
         self._stopping = False
         self._run_cache: np.ndarray | None = None
+        self._joining: list[int] = []  # slots still prefilling, in admission order
+        self._arange = np.arange(rows_max, dtype=np.int32)
+        self.prefix_cache = PrefixCache(cfg.prefix_cache_mib << 20)
         self.profile = StepProfile()
         self.ticks = 0  # engine ticks so far (prefill-only ticks included)
         self.chunk_frames = list(cfg.chunk_frames)
@@ -241,6 +249,7 @@ class EngineCore:
             self.max_new[slot] = req.max_new_tokens
             self.fixed[slot] = -1 if req.fixed_frames is None else req.fixed_frames
             self.audio_due[slot] = -np.inf
+            self._joining.append(slot)
             self._run_cache = None
 
     def _abort(self, rid: int) -> None:
@@ -256,14 +265,21 @@ class EngineCore:
 
     def _free(self, slot: int, final: DecodeJob) -> None:
         s = self.slots[slot]
+        self._vacate(slot)
+        if s is not None:
+            self.decoder.submit(final)
+
+    def _vacate(self, slot: int) -> None:
+        """Empty a slot: its KV cells, prefix claims and place in the prefill queue."""
         self.slots[slot] = None
         self._run_cache = None
+        if slot in self._joining:
+            self._joining.remove(slot)
+        self.prefix_cache.release(slot)
         try:
             self.backbone.seq_rm(slot)
         except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
             log.exception("could not free KV cache of slot %d", slot)
-        if s is not None:
-            self.decoder.submit(final)
 
     def _fail_all(self, err: BaseException) -> None:
         for i, s in enumerate(self.slots):
@@ -352,53 +368,98 @@ class EngineCore:
         return True
 
     def _prefill(self, out_offset: int) -> np.ndarray:
-        """Feed up to ``prefill_chunk`` prompt rows of joining streams.
+        """Feed joining prompts, oldest first, up to ``prefill_chunk`` rows per tick.
 
-        A prompt's last row is output (its hidden state / logits give the stream's
-        first step), written to output rows starting at ``out_offset``. A prompt that
-        fits one chunk is fed in one call, as the official pipeline does, so greedy
-        codes match it bit for bit. Returns the slots whose prompt completed.
+        Each prompt is fed in a fixed partition that depends on the prompt alone:
+        its cacheable prefix (if any), then the rest, each in ``prefill_chunk`` pieces,
+        one llama_decode per piece holding that sequence only. llama.cpp's CPU flash
+        attention rounds differently for different row counts, and it splits a batch
+        of unequal sequences into equal pieces, so sharing calls or budget-sized
+        pieces would make a stream's output depend on who joined with it. Without a
+        prefix and with prompts up to ``n_batch`` rows this is the official one-call
+        prefill. A prompt's last row is output (its first step) at row
+        ``out_offset + k``. Returns the slots whose prompt completed.
         """
         budget = self.max_prefill
-        n = 0
-        parts: list[tuple[int, _Slot, int]] = []
         fin: list[int] = []
-        for slot, s in enumerate(self.slots):
-            if s is None or s.running or budget == 0:
+        for slot in list(self._joining):
+            s = self.slots[slot]
+            if s is None:
                 continue
-            total = s.req.prompt.shape[0]
-            take = min(total - s.fed, budget)
-            self.embd[n : n + take] = s.req.prompt_embd[s.fed : s.fed + take]
-            self.pos[n : n + take] = np.arange(s.fed, s.fed + take, dtype=np.int32)
-            self.seq[n : n + take] = slot
-            self.outf[n : n + take] = 0
-            if s.fed + take == total:
-                self.outf[n + take - 1] = 1
-                fin.append(slot)
-            parts.append((slot, s, take))
-            n += take
-            budget -= take
-        if not n:
-            return _NO_SLOTS
+            req = s.req
+            total = req.prompt.shape[0]
+            if s.fed == 0 and req.prefix_rows and self.prefix_cache.enabled:
+                got = self.prefix_cache.lookup(req.prefix_key, slot, req.prefix_rows)
+                if isinstance(got, str) and got == "wait":
+                    continue  # another stream is computing this prefix; load it when stored
+                if not isinstance(got, str) and not self._load_prefix(slot, s, got):
+                    continue
+            while budget and self.slots[slot] is s and s.fed < total:
+                end = req.prefix_rows if s.fed < req.prefix_rows else total
+                take = min(end - s.fed, self.max_prefill)
+                if take > budget:
+                    break
+                last = s.fed + take == total
+                if not self._prefill_piece(slot, s, take, out_offset + len(fin) if last else -1):
+                    break
+                budget -= take
+                if s.fed == req.prefix_rows and self.prefix_cache.enabled:
+                    self._store_prefix(slot, s)
+                if last:
+                    fin.append(slot)
+            if not budget:
+                break
+        return np.asarray(fin, dtype=np.int64) if fin else _NO_SLOTS
+
+    def _prefill_piece(self, slot: int, s: _Slot, n: int, out_row: int) -> bool:
+        """Rows [fed, fed + n) of one prompt in one call; the last row is output to
+        ``out_row`` unless it is -1."""
+        a = s.fed
+        self.embd[:n] = s.req.prompt_embd[a : a + n]
+        np.add(self._arange[:n], a, out=self.pos[:n])
+        self.seq[:n] = slot
+        self.outf[:n] = 0
+        if out_row >= 0:
+            self.outf[n - 1] = 1
         t0 = time.perf_counter()
         try:
-            self.backbone.decode_bound(n, bool(fin) and not self.fused, out_offset)
+            self.backbone.decode_bound(n, out_row >= 0 and not self.fused, max(out_row, 0))
         except Exception as exc:
             log.exception("prefill failed")
-            self._fail_slots(np.array([p[0] for p in parts]), "prompt prefill failed", exc)
-            return _NO_SLOTS
+            self._fail_slots(np.array([slot]), "prompt prefill failed", exc)
+            return False
         self.profile.prefill += time.perf_counter() - t0
         self.profile.prefill_rows += n
-        now = time.monotonic()
-        for slot, s, take in parts:
-            s.fed += take
-            s.req.stats.prefill_ticks += 1
-            self.kv_pos[slot] += take
-            if s.fed == s.req.prompt.shape[0]:
-                s.running = True
-                s.req.stats.t_prefilled = now
-                self._run_cache = None
-        return np.asarray(fin, dtype=np.int64)
+        s.fed += n
+        s.req.stats.prefill_ticks += 1
+        self.kv_pos[slot] += n
+        if s.fed == s.req.prompt.shape[0]:
+            s.running = True
+            s.req.stats.t_prefilled = time.monotonic()
+            self._joining.remove(slot)
+            self._run_cache = None
+        return True
+
+    def _load_prefix(self, slot: int, s: _Slot, state: np.ndarray) -> bool:
+        try:
+            self.backbone.load_seq_state(slot, state)
+        except Exception as exc:
+            log.exception("loading a cached prompt prefix failed")
+            self._fail_slots(np.array([slot]), "loading the cached prompt prefix failed", exc)
+            return False
+        s.fed = s.req.prefix_rows
+        self.kv_pos[slot] = s.fed
+        s.req.stats.prefix_cached_rows = s.fed
+        return True
+
+    def _store_prefix(self, slot: int, s: _Slot) -> None:
+        try:
+            state = self.backbone.seq_state(slot)
+        except Exception:  # the stream itself is fine; only the cache entry is lost
+            log.exception("snapshot of a prompt prefix failed")
+            self.prefix_cache.release(slot)
+            return
+        self.prefix_cache.store(s.req.prefix_key, slot, state)
 
     def _sample(self, slots: np.ndarray, t_tick: float) -> None:
         """Heads, sampling and state for output rows [0, len(slots)), then route frames."""
@@ -517,12 +578,7 @@ class EngineCore:
         return "context_full"
 
     def _free_finished(self, slot: int) -> None:
-        self.slots[slot] = None
-        self._run_cache = None
-        try:
-            self.backbone.seq_rm(slot)
-        except Exception:  # pragma: no cover
-            log.exception("could not free KV cache of slot %d", slot)
+        self._vacate(slot)
 
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)

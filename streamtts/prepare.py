@@ -22,7 +22,8 @@ from .codec import AudioEncoder
 from .config import EngineConfig
 from .errors import InputError, PromptTooLongError, ReferenceAudioError
 from .normalize import normalize_text
-from .prompt import PromptSpec, TextTokenizer, build_prompt
+from .prefix_cache import prefix_key
+from .prompt import PromptSpec, TextTokenizer, build_prompt_ex
 from .reference import encode_reference, load_reference
 from .request import PreparedRequest, StreamOptions, StreamStats
 from .tokens import TokenIds
@@ -91,6 +92,7 @@ class Preparer:
     # -- prompt -----------------------------------------------------------------------------
     FRAMES_PER_TOKEN = 4.0  # generous speech length per text token (about 3 in English)
     TEMPLATE_ROWS = 80  # prompt rows besides the text and the reference block
+    MIN_PREFIX_ROWS = 16  # shorter shared prefixes are not worth a cache entry
 
     def fits_one_generation(self, text: str, reference: ReferenceLike) -> bool:
         """Whether prompt + expected speech fit one stream's context (else: speak it in segments).
@@ -135,7 +137,9 @@ class Preparer:
             quality=options.quality,
             language=options.language,
         )
-        prompt = build_prompt(self.tokenizer, self.ids, spec)
+        prompt, n_prefix = build_prompt_ex(self.tokenizer, self.ids, spec, prefix=self.cfg.prefix_cache_mib > 0)
+        if n_prefix < self.MIN_PREFIX_ROWS:
+            n_prefix = 0
         rows = prompt.shape[0]
         room = self.n_ctx_seq - rows + 1  # steps that fit after the prompt
         if room < self.ids.n_vq:
@@ -161,5 +165,7 @@ class Preparer:
             max_new_tokens=int(max_new),
             fixed_frames=options.fixed_frames,
             sink=sink,
+            prefix_rows=n_prefix,
+            prefix_key=prefix_key(prompt, n_prefix) if n_prefix else b"",
             stats=stats,
         )

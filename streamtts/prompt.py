@@ -80,7 +80,17 @@ def _field(value: object) -> str:
 
 
 def build_prompt(tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec) -> np.ndarray:
-    """Build the (S, 1 + n_vq) int64 prompt for ``spec``.
+    """Build the (S, 1 + n_vq) int64 prompt for ``spec`` (see :func:`build_prompt_ex`)."""
+    return build_prompt_ex(tokenizer, ids, spec)[0]
+
+
+def build_prompt_ex(
+    tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec, *, prefix: bool = False
+) -> tuple[np.ndarray, int]:
+    """Build the (S, 1 + n_vq) int64 prompt for ``spec``, and with ``prefix`` the number
+    of its leading rows that do not depend on the text (everything up to ``- Text:\n``;
+    0 when the tokenizer merges across that boundary). Requests sharing voice and
+    fields share those rows, which the engine's prefix cache reuses.
 
     Raises :class:`InputError` for empty text, a bad reference, a bad
     ``tokens`` value, or fields containing the model's special-token strings
@@ -130,8 +140,8 @@ def build_prompt(tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec) -> n
     k_n = ids.n_vq
     n_slots = 0 if ref is None else ref.shape[0] + k_n - 1
     ref_str = "None" if ref is None else f"[S1]:\n{audio_start}{user_slot * n_slots}{audio_end}"
-    user = (
-        f"<user_inst>\n"
+    head = (
+        f"{im_start}user\n<user_inst>\n"
         f"- Reference(s):\n{ref_str}\n"
         f"- Instruction:\n{_field(spec.instruction)}\n"
         f"- Tokens:\n{_field(spec.tokens)}\n"
@@ -139,10 +149,9 @@ def build_prompt(tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec) -> n
         f"- Sound Event:\n{_field(spec.sound_event)}\n"
         f"- Ambient Sound:\n{_field(spec.ambient_sound)}\n"
         f"- Language:\n{_field(spec.language)}\n"
-        f"- Text:\n{spec.text}\n"
-        f"</user_inst>"
+        f"- Text:\n"
     )
-    full = f"{im_start}user\n{user}{im_end}\n{im_start}assistant\n"
+    full = f"{head}{spec.text}\n</user_inst>{im_end}\n{im_start}assistant\n"
     text_ids = np.asarray(tokenizer.encode(full), dtype=np.int64)
     tail = tokenizer.encode(audio_start)
     if list(tail) != [ids.audio_start]:
@@ -159,7 +168,12 @@ def build_prompt(tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec) -> n
     if ref is not None:
         first = block + 1
         prompt[first : first + n_slots, 1:] = delay_layout(ref, ids.audio_pad_code)
-    return prompt
+    n_prefix = 0
+    if prefix:
+        head_ids = np.asarray(tokenizer.encode(head), dtype=np.int64)
+        if head_ids.size < text_ids.size and np.array_equal(text_ids[: head_ids.size], head_ids):
+            n_prefix = int(head_ids.size)
+    return prompt, n_prefix
 
 
 def _verify(text_ids: np.ndarray, ids: TokenIds, n_slots: int) -> int:

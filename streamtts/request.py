@@ -49,6 +49,7 @@ class StreamStats:
     """Numbers for one stream; times in seconds, measured on the monotonic clock."""
 
     prompt_rows: int = 0
+    prefix_cached_rows: int = 0  # prompt rows loaded from the prefix cache, not computed
     prefill_ticks: int = 0  # engine ticks the prompt's prefill was spread over
     steps: int = 0
     frames: int = 0
@@ -84,6 +85,7 @@ class StreamStats:
     def as_dict(self) -> dict[str, Any]:
         return {
             "prompt_rows": self.prompt_rows,
+            "prefix_cached_rows": self.prefix_cached_rows,
             "steps": self.steps,
             "frames": self.frames,
             "audio_s": round(self.audio_s, 3),
@@ -111,4 +113,6 @@ class PreparedRequest:
     max_new_tokens: int
     fixed_frames: int | None
     sink: Any  # StreamSink: receives chunks / errors (thread-safe)
+    prefix_rows: int = 0  # leading rows shared with other requests (cacheable), 0 = none
+    prefix_key: bytes = b""  # digest of those rows
     stats: StreamStats = field(default_factory=StreamStats)

@@ -108,6 +108,18 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4 s, 24 kHz reference recording (a wobbling tone)."""
+    import soundfile as sf
+
+    sr = 24000
+    t = np.arange(sr * 4) / sr
+    path = tmp_path_factory.mktemp("voice") / "voice.wav"
+    sf.write(path, 0.2 * np.sin(2 * np.pi * 200 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t)), sr)
+    return path
+
+
 # ============================== end of demo model section ============================
 
 

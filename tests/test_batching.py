@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from streamtts import Engine
+from streamtts.backbone import Backbone
 from streamtts.config import SamplingParams
 from streamtts.errors import OverloadedError, QueueTimeoutError
 from streamtts.request import StreamOptions
@@ -28,9 +29,9 @@ def engine(demo_model_dir: Path, **kw: Any) -> Engine:
     return Engine.from_config(demo_model_dir / "config.yaml", **kw)
 
 
-async def codes_of(e: Engine, text: str, opts: StreamOptions, delay: float = 0.0) -> np.ndarray:
+async def codes_of(e: Engine, text: str, opts: StreamOptions, delay: float = 0.0, ref: Any = None) -> np.ndarray:
     await asyncio.sleep(delay)
-    return (await e.generate(text, options=opts)).codes
+    return (await e.generate(text, reference=ref, options=opts)).codes
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -64,6 +65,96 @@ def test_batched_equals_alone_with_random_joins(demo_model_dir: Path, greedy: bo
     for a, t in zip(alone, together, strict=True):
         assert a.shape[0] > 0
         np.testing.assert_array_equal(a, t)
+
+
+class RecordingBackbone:
+    """The real llama.cpp backbone, keeping a copy of every output row (hidden state and
+    logits) under (the stream's prompt, position): what the model computed, per stream."""
+
+    def __init__(self, params: Any) -> None:
+        self.b = Backbone(params)
+        self.core: Any = None
+        self.rows: dict[tuple[bytes, int], np.ndarray] = {}
+        self.calls: list[tuple[int, ...]] = []  # sequences in each call, per row
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.b, name)
+
+    def bind(self, embd: Any, pos: Any, seq: Any, output: Any, hidden: Any, logits: Any) -> None:
+        self.bufs = (pos, seq, output, hidden, logits)
+        self.b.bind(embd, pos, seq, output, hidden, logits)
+
+    def decode_bound(self, n: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+        r = self.b.decode_bound(n, want_hidden, out_offset)
+        pos, seq, output, hidden, logits = self.bufs
+        self.calls.append(tuple(seq[:n].tolist()))
+        for k, i in enumerate(np.flatnonzero(output[:n]).tolist()):
+            prompt = self.core.slots[int(seq[i])].req.prompt.tobytes()
+            row = logits[out_offset + k]
+            if want_hidden and hidden is not None:
+                row = np.concatenate([hidden[out_offset + k], row])
+            self.rows[(prompt, int(pos[i]))] = row.copy()
+        return r
+
+
+def test_every_output_row_is_bit_identical_alone_or_joined(demo_model_dir: Path, voice_wav: Path) -> None:
+    """What llama.cpp computes for a stream (prompt's last row, then every step) is the
+    same bits whether it runs alone or with others joining at random moments.
+
+    Prompts are prefilled in a partition that depends on the prompt alone, each piece
+    in its own call: llama.cpp's CPU flash attention rounds a row differently for
+    different piece sizes, and splits calls mixing unequal sequences into equal pieces.
+    """
+    texts = TEXTS + ["Short.", "A fifth stream, with a text long enough to make its prompt the longest of all."]
+
+    def run(together: bool) -> tuple[RecordingBackbone, list[np.ndarray]]:
+        rec: list[RecordingBackbone] = []
+
+        def factory(params: Any) -> RecordingBackbone:
+            rec.append(RecordingBackbone(params))
+            return rec[0]
+
+        async def main() -> list[np.ndarray]:
+            e = engine(demo_model_dir, max_streams=len(texts) + 1, prefill_chunk=64)
+            e.backbone_factory = factory
+            async with e:
+                rec[0].core = e._core
+                voice = await e.encode_voice(str(voice_wav))
+                companion = e.stream("A companion keeps talking.", options=StreamOptions(seed=9, fixed_frames=3000))
+                await companion.__anext__()  # every batch has >= 2 rows in both runs
+                opts = [StreamOptions(seed=10 + i, max_new_tokens=50) for i in range(len(texts))]
+                refs = [voice if i % 2 else None for i in range(len(texts))]
+                if together:
+                    rng = random.Random(7)  # half join at once (same tick), half at random moments
+                    delays = [0.0 if i % 2 else rng.uniform(0, 0.2) for i in range(len(texts))]
+                    out = await asyncio.gather(
+                        *(codes_of(e, t, o, d, r) for t, o, d, r in zip(texts, opts, delays, refs, strict=True))
+                    )
+                else:
+                    out = [await codes_of(e, t, o, 0, r) for t, o, r in zip(texts, opts, refs, strict=True)]
+                await companion.aclose()
+                return list(out)
+
+        codes = asyncio.run(main())
+        return rec[0], codes
+
+    alone, alone_codes = run(False)
+    joined, joined_codes = run(True)
+    assert any(len(set(c)) > 2 for c in joined.calls)  # streams really were stepped together
+    keys = [k for k in alone.rows if k in joined.rows]
+    assert len(keys) >= len(texts) * 50
+    # a prompt's last row (its first step): computed by the same pieces -> the same bits
+    first = [k for k in keys if k[1] == len(k[0]) // (33 * 8) - 1]
+    assert len(first) == len(texts) + 1  # and the companion
+    for k in first:
+        np.testing.assert_array_equal(alone.rows[k], joined.rows[k])
+    # steps: the documented last-bit residual of llama.cpp's f16 kernels across batch
+    # sizes (benchmarks/batch_numerics.py; 0 with STREAMTTS_BATCH_INVARIANT=1 builds)
+    for k in keys:
+        a, j = alone.rows[k], joined.rows[k]
+        np.testing.assert_allclose(j, a, rtol=0, atol=1e-6 * max(1.0, float(np.abs(a).max())))
+    for a, j in zip(alone_codes, joined_codes, strict=True):
+        np.testing.assert_array_equal(a, j)
 
 
 def test_32_streams_complete(demo_model_dir: Path) -> None:
@@ -138,7 +229,7 @@ def test_prefill_chunking_keeps_running_streams_stepping(demo_model_dir: Path, t
     sf.write(ref, 0.2 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 2 * t)), sr)
 
     async def main() -> tuple[list[Any], Any, int]:
-        async with engine(demo_model_dir, max_streams=2, prefill_chunk=16, chunk_frames=[1]) as e:
+        async with engine(demo_model_dir, max_streams=2, prefill_chunk=16, chunk_frames=[1], prefix_cache_mib=0) as e:
             voice = await e.encode_voice(str(ref))
             runner = e.stream(TEXTS[0], options=StreamOptions(seed=1, fixed_frames=60))
             chunks = [await runner.__anext__()]

@@ -593,3 +593,34 @@ def test_decode_bound_out_offset_and_output_capacity(make_backbone: Any) -> None
     hid[:] = -7
     assert b.decode_bound(1, False, 2) == 1
     assert (hid == -7).all() and (lg[2] != -7).all()
+
+
+# -- sequence snapshots (the prefix cache's primitive) ---------------------------------------
+
+
+def test_seq_state_snapshot_continues_bit_identically_in_another_sequence(make_backbone: Any) -> None:
+    b = make_backbone(n_seq_max=3)
+    prefix, rest = rows(20, 31), rows(6, 32)
+    prefill(b, 0, prefix)
+    snap = b.seq_state(0)
+    assert snap.dtype == np.uint8 and snap.nbytes > 0
+    original = prefill(b, 0, rest, start=20)
+    b.load_seq_state(2, snap)
+    assert b.seq_pos_max(2) == 19
+    restored = prefill(b, 2, rest, start=20)
+    np.testing.assert_array_equal(restored, original)
+
+
+def test_seq_state_load_rejects_busy_sequence_and_bad_bytes(make_backbone: Any) -> None:
+    b = make_backbone(n_seq_max=2)
+    prefill(b, 0, rows(8, 33))
+    snap = b.seq_state(0)
+    with pytest.raises(BackboneError, match="sequence 0 is not empty"):
+        b.load_seq_state(0, snap)
+    with pytest.raises(BackboneError, match="could not load a 40-byte snapshot into sequence 1"):
+        b.load_seq_state(1, snap[:40])
+    assert b.seq_pos_max(1) == -1  # left empty, not half-loaded
+    with pytest.raises(BackboneError, match="out of range"):
+        b.load_seq_state(5, snap)
+    b.load_seq_state(1, snap)  # still usable
+    assert b.seq_pos_max(1) == 7

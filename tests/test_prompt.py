@@ -11,7 +11,7 @@ import pytest
 
 from streamtts.delay import delay_layout
 from streamtts.errors import ConfigError, InputError, ModelFileError
-from streamtts.prompt import HFTokenizer, PromptSpec, TextTokenizer, build_prompt
+from streamtts.prompt import HFTokenizer, PromptSpec, TextTokenizer, build_prompt, build_prompt_ex
 from streamtts.tokens import TokenIds
 
 IDS = TokenIds()
@@ -291,3 +291,45 @@ def test_hf_tokenizer_missing_or_corrupt_file(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError) as err2:
         HFTokenizer(bad)
     assert str(bad) in str(err2.value)
+
+
+# -- the shared prefix (prefix cache) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["Hello world.", " leading space", "\nnewline first", "你好", "- Text:\nx"])
+def test_prefix_rows_end_at_the_text_and_are_shared(real_tok_dir: Path, text: str) -> None:
+    tok = HFTokenizer(real_tok_dir)
+    codes = np.random.default_rng(1).integers(0, 1024, size=(4, K))
+    p, n = build_prompt_ex(tok, IDS, PromptSpec(text=text, reference_codes=codes), prefix=True)
+    other, n2 = build_prompt_ex(tok, IDS, PromptSpec(text="Another text", reference_codes=codes), prefix=True)
+    assert n == n2 > 40
+    np.testing.assert_array_equal(p[:n], other[:n])  # same voice and fields: same rows
+    assert tok.decode(list(p[n - 3 : n, 0])).endswith("- Text:\n")
+    np.testing.assert_array_equal(p, build_prompt(tok, IDS, PromptSpec(text=text, reference_codes=codes)))
+
+
+def test_prefix_differs_with_voice_or_fields(real_tok_dir: Path) -> None:
+    tok = HFTokenizer(real_tok_dir)
+    a, na = build_prompt_ex(tok, IDS, PromptSpec(text="Hi", language="en"), prefix=True)
+    b, nb = build_prompt_ex(tok, IDS, PromptSpec(text="Hi", language="zh"), prefix=True)
+    assert na > 40 and nb > 40 and not np.array_equal(a[: min(na, nb)], b[: min(na, nb)])
+    v1 = np.zeros((3, K), np.int64)
+    c, nc = build_prompt_ex(tok, IDS, PromptSpec(text="Hi", reference_codes=v1), prefix=True)
+    d, nd = build_prompt_ex(tok, IDS, PromptSpec(text="Hi", reference_codes=v1 + 1), prefix=True)
+    assert nc == nd and np.array_equal(c[:nc, 0], d[:nd, 0]) and not np.array_equal(c[:nc], d[:nd])
+    assert build_prompt_ex(tok, IDS, PromptSpec(text="Hi"))[1] == 0  # only computed when asked
+
+
+def test_prefix_is_zero_when_the_tokenizer_merges_across_the_boundary() -> None:
+    class Merging(FakeTokenizer):
+        def encode(self, text: str) -> list[int]:  # merges ":\nX" into one token
+            out = super().encode(text)
+            for i in range(len(out) - 2):
+                if out[i] == ord(":") + OFF and out[i + 1] == ord("\n") + OFF and out[i + 2] == ord("X") + OFF:
+                    return out[:i] + [7] + out[i + 3 :]
+            return out
+
+    _, n = build_prompt_ex(Merging(), IDS, PromptSpec(text="Xylophone"), prefix=True)
+    assert n == 0
+    _, n = build_prompt_ex(Merging(), IDS, PromptSpec(text="ylophone"), prefix=True)
+    assert n > 0

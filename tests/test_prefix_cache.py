@@ -1,0 +1,141 @@
+"""The prefix cache: bookkeeping alone, then through a real engine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamtts import Engine
+from streamtts.config import SamplingParams
+from streamtts.errors import ConfigError
+from streamtts.prefix_cache import PrefixCache, prefix_key
+from streamtts.request import StreamOptions
+
+
+def snap(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.uint8)
+
+
+# -- bookkeeping ----------------------------------------------------------------------------
+
+
+def test_claim_wait_store_hit() -> None:
+    c = PrefixCache(1000)
+    assert c.lookup(b"k", slot=0, rows=20) == "compute"
+    assert c.lookup(b"k", slot=1, rows=20) == "wait"  # slot 0 is computing it
+    assert c.lookup(b"k", slot=0, rows=20) == "compute"  # the owner keeps its claim
+    assert c.store(b"k", 0, snap(100))
+    got = c.lookup(b"k", slot=1, rows=20)
+    assert isinstance(got, np.ndarray) and got.nbytes == 100
+    assert c.info() == {"entries": 1, "bytes": 100, "capacity_bytes": 1000, "hits": 1, "misses": 1}
+
+
+def test_release_lets_a_waiter_take_over() -> None:
+    c = PrefixCache(1000)
+    c.lookup(b"k", 0, 20)
+    c.release(0)  # owner cancelled before storing
+    assert c.lookup(b"k", 1, 20) == "compute"
+    assert not c.store(b"k", 0, snap(10))  # the old owner's late store is ignored
+    assert c.store(b"k", 1, snap(10))
+
+
+def test_lru_eviction_by_bytes_and_oversized_entries() -> None:
+    c = PrefixCache(250)
+    for i, k in enumerate((b"a", b"b")):
+        c.lookup(k, i, 20)
+        c.store(k, i, snap(100))
+    assert isinstance(c.lookup(b"a", 5, 20), np.ndarray)  # a is now most recent
+    c.lookup(b"c", 2, 20)
+    c.store(b"c", 2, snap(100))  # evicts b, the least recently used
+    assert c.bytes == 200 and len(c) == 2
+    assert c.lookup(b"b", 3, 20) == "compute"
+    assert not c.store(b"b", 3, snap(251))  # larger than the whole cache: not kept
+    assert c.lookup(b"b", 4, 20) == "compute"
+    assert PrefixCache(0).enabled is False
+
+
+def test_key_covers_every_channel_and_the_length() -> None:
+    p = np.zeros((30, 33), np.int64)
+    q = p.copy()
+    q[5, 17] = 3  # an audio channel
+    assert prefix_key(p, 20) != prefix_key(q, 20)
+    assert prefix_key(p, 20) != prefix_key(p, 21)
+    assert prefix_key(p, 5) == prefix_key(q, 5)
+
+
+def test_negative_size_is_a_config_error(demo_model_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="prefix_cache_mib"):
+        Engine.from_config(demo_model_dir / "config.yaml", prefix_cache_mib=-1)
+
+
+# -- through the engine ---------------------------------------------------------------------
+
+GREEDY = SamplingParams.greedy()
+
+
+async def gen(e: Engine, text: str, seed: int, ref: Any = None, greedy: bool = True) -> Any:
+    opts = StreamOptions(seed=seed, sampling=GREEDY if greedy else None, max_new_tokens=80)
+    return await e.generate(text, reference=ref, options=opts)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_hit_equals_miss_equals_uncached(demo_model_dir: Path, voice_wav: Path, greedy: bool) -> None:
+    async def run(mib: int) -> list[Any]:
+        async with Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, prefix_cache_mib=mib) as e:
+            voice = await e.encode_voice(str(voice_wav))
+            out = [await gen(e, "First words.", 1, voice, greedy), await gen(e, "Second, other words.", 2, voice, greedy)]
+            out.append(await gen(e, "First words.", 1, voice, greedy))
+            out.append(e._core.prefix_cache.info())
+            return out
+
+    first, second, again, info = asyncio.run(run(64))
+    assert first.stats.prefix_cached_rows == 0  # miss: computed, then stored
+    assert second.stats.prefix_cached_rows > 100  # hit: voice block + template loaded
+    assert again.stats.prefix_cached_rows == second.stats.prefix_cached_rows
+    assert info["hits"] == 2 and info["misses"] == 1 and info["entries"] == 1
+    np.testing.assert_array_equal(first.codes, again.codes)  # miss == hit
+    *_, off_info = uncached = asyncio.run(run(0))
+    assert off_info["entries"] == 0 and uncached[1].stats.prefix_cached_rows == 0
+    # without the cache the prompt is one piece (the official partition); with it, two.
+    # Both are exact runs of the model; codes agree here, where the rounding is tiny.
+    np.testing.assert_array_equal(uncached[0].codes, first.codes)
+
+
+def test_streams_joining_together_compute_a_shared_prefix_once(demo_model_dir: Path, voice_wav: Path) -> None:
+    async def main() -> tuple[list[Any], dict[str, int]]:
+        async with Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, max_streams=4) as e:
+            voice = await e.encode_voice(str(voice_wav))
+            res = await asyncio.gather(*(gen(e, f"Stream number {i} talks.", i, voice) for i in range(4)))
+            return list(res), e._core.prefix_cache.info()
+
+    res, info = asyncio.run(main())
+    assert info["misses"] == 1 and info["hits"] == 3  # the others waited for the first
+    assert sorted(r.stats.prefix_cached_rows > 0 for r in res) == [False, True, True, True]
+    assert all(r.codes.shape[0] > 0 for r in res)
+
+
+def test_cancelled_owner_hands_the_prefix_to_a_waiter(demo_model_dir: Path, voice_wav: Path) -> None:
+    """The stream computing a prefix is cancelled mid-prefill; the one waiting for it
+    computes it itself and completes; nothing stays claimed."""
+
+    async def main() -> tuple[Any, dict[str, int], int]:
+        async with Engine.from_config(
+            demo_model_dir / "config.yaml", n_threads=1, max_streams=2, prefill_chunk=8
+        ) as e:
+            voice = await e.encode_voice(str(voice_wav))
+            owner = e.stream("I will be cancelled.", reference=voice, options=StreamOptions(seed=1))
+            await owner._start()
+            waiter = asyncio.create_task(gen(e, "I wait, then speak.", 2, voice))
+            while e._core.profile.prefill_rows < 16:  # owner is part-way through its prefix
+                await asyncio.sleep(0.001)
+            await owner.aclose()
+            r = await waiter
+            return r, e._core.prefix_cache.info(), e.active_streams
+
+    r, info, active = asyncio.run(main())
+    assert r.codes.shape[0] > 0 and r.stats.prefix_cached_rows == 0
+    assert info["entries"] == 1 and active == 0
