@@ -110,6 +110,7 @@ async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> di
         "rtf_p50": round(_pct(rtf, 50), 4),
         "rtf_p95": round(_pct(rtf, 95), 4),
         "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
+        "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
         "realtime_streams": sum(1 for r in rtf if r < 1.0),
     }
 
@@ -141,6 +142,117 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for lv in out["levels"]:
             lv["throughput_vs_1"] = round(lv["aggregate_frames_per_s"] / base["aggregate_frames_per_s"], 2)
             lv["ttfa_p95_vs_1"] = round(lv["ttfa_ms_p95"] / base["ttfa_ms_p95"], 2)
+    if args.kernel_bound and not args.null_backbone and out["levels"]:
+        computed = out["levels"][-1]["prefill_rows_computed"]
+        kb = kernel_bound(engine, levels, max(1, computed), args.frames)
+        out["kernel_bound"] = kb
+        by_n = {lv["concurrency"]: lv for lv in kb["levels"]}
+        for lv in out["levels"]:
+            k = by_n.get(lv["concurrency"])
+            if k:
+                lv["kernel_throughput_vs_1"] = k["throughput_vs_1"]
+                lv["kernel_ttfa_vs_1"] = k["ttfa_vs_1"]
+                lv["engine_vs_kernel_throughput"] = round(lv["aggregate_frames_per_s"] / k["frames_per_s"], 2)
+    return out
+
+
+def _median_ms(fn: Any, iters: int) -> float:
+    fn()  # warm
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return 1000.0 * statistics.median(ts)
+
+
+def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int, iters: int = 20) -> dict[str, Any]:
+    """What llama.cpp alone allows: a bare backbone (same GGUF, threads, heads) times one
+    decode of N rows (one per sequence) and one prefill of ``prefill_rows`` rows; from
+    those, the best throughput and TTFA any scheduler could reach if everything else
+    (Python, sampling, codec, threads) were free. Run with the engine closed."""
+    from .backbone import Backbone, BackboneParams
+    from .fused import fused_columns
+    from .weights import AudioHeads
+
+    cfg, ids, info = engine.config, engine.ids, engine.info
+    n_max = max(levels)
+    fused = info.get("heads") == "fused (llama.cpp)"
+    span = prefill_rows + frames + ids.n_vq + 64
+    params = BackboneParams(
+        model_path=info["backbone"],
+        n_ctx=n_max * (-(-span // 256) * 256),
+        n_batch=max(prefill_rows, n_max),
+        n_seq_max=n_max,
+        n_threads=int(info["threads"]),
+        n_gpu_layers=cfg.n_gpu_layers,
+        type_k=cfg.kv_cache_type_k,
+        type_v=cfg.kv_cache_type_v,
+        flash_attn=str(cfg.flash_attn).lower(),
+    )
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {"prefill_rows": prefill_rows, "frames_per_stream": frames, "levels": []}
+    with Backbone(params) as bb:
+        h = bb.n_embd
+        if fused:
+            bb.set_logit_columns(fused_columns(bb, ids))
+            heads = None
+        else:
+            bb.set_logit_columns(np.asarray([ids.gen_slot, ids.delay_slot], np.int32))
+            heads = AudioHeads(cfg.lm_head_dir, ids, h)
+        rows_max = max(prefill_rows, n_max)
+        embd = rng.standard_normal((rows_max, h), dtype=np.float32) * 0.5
+        pos, seq = np.zeros(rows_max, np.int32), np.zeros(rows_max, np.int32)
+        flags = np.zeros(rows_max, np.int8)
+        hidden = None if fused else np.zeros((n_max, h), np.float32)
+        logits = np.zeros((n_max, bb.n_logit_columns), np.float32)
+        audio = np.zeros((n_max, ids.n_vq * ids.audio_rows), np.float32)
+        bb.bind(embd, pos, seq, flags, hidden, logits)
+        next_pos = np.zeros(n_max, np.int32)
+
+        def prefill() -> None:  # one prompt, one call (as the engine feeds it), then freed
+            pos[:prefill_rows] = np.arange(prefill_rows, dtype=np.int32)
+            seq[:prefill_rows] = 0
+            flags[:prefill_rows] = 0
+            flags[prefill_rows - 1] = 1
+            bb.decode_bound(prefill_rows, not fused, 0)
+            bb.seq_rm(0)
+
+        t_prefill = _median_ms(prefill, max(3, iters // 4))
+        for n in sorted({1, *levels}):
+            for i in range(n):  # each sequence holds a prompt-sized context, as in the run
+                bb.seq_rm(i)
+            next_pos[:n] = prefill_rows
+
+            def step(n: int = n) -> None:
+                pos[:n] = next_pos[:n]
+                seq[:n] = np.arange(n, dtype=np.int32)
+                flags[:n] = 1
+                bb.decode_bound(n, not fused, 0)
+                if heads is not None and hidden is not None:
+                    heads(hidden[:n], audio[:n])
+                next_pos[:n] += 1
+
+            for i in range(n):  # fill each sequence's context first
+                pos[:prefill_rows] = np.arange(prefill_rows, dtype=np.int32)
+                seq[:prefill_rows] = i
+                flags[:prefill_rows] = 0
+                bb.decode_bound(prefill_rows, False, 0)
+            t_step = _median_ms(step, iters)
+            out["levels"].append({"concurrency": n, "step_ms": round(t_step, 3)})
+        for i in range(n_max):
+            bb.seq_rm(i)
+    out["prefill_ms"] = round(t_prefill, 3)
+    steps = frames + ids.n_vq - 1  # steps per stream for `frames` frames
+    by_n = {lv["concurrency"]: lv["step_ms"] for lv in out["levels"]}
+    for lv in out["levels"]:
+        n, t = lv["concurrency"], lv["step_ms"]
+        # all prompts prefilled, then every stream stepped together
+        wall = n * t_prefill + steps * t
+        lv["frames_per_s"] = round(1000.0 * n * frames / wall, 2)
+        lv["ttfa_ms"] = round(n * t_prefill + ids.n_vq * t, 2)
+        lv["throughput_vs_1"] = round(lv["frames_per_s"] / (1000.0 * frames / (t_prefill + steps * by_n[1])), 2)
+        lv["ttfa_vs_1"] = round(lv["ttfa_ms"] / (t_prefill + ids.n_vq * by_n[1]), 2)
     return out
 
 
@@ -153,11 +265,13 @@ def print_table(res: dict[str, Any]) -> None:
         "concurrency", "aggregate_frames_per_s", "throughput_vs_1", "ttfa_ms_p50", "ttfa_ms_p95",
         "ttfa_p95_vs_1", "rtf_p50", "rtf_p95", "ms_per_step_p50", "realtime_streams",
     ]
+    if "kernel_bound" in res:
+        cols += ["kernel_throughput_vs_1", "kernel_ttfa_vs_1", "engine_vs_kernel_throughput"]
     for c in cols:
         t.add_column(c.replace("_", " "), justify="right")
     for lv in res["levels"]:
         t.add_row(*(str(lv.get(c, "")) for c in cols))
-    Console(width=160).print(t)
+    Console(width=240).print(t)
 
 
 def add_parser(sub: Any) -> None:
@@ -170,6 +284,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--n-threads", type=int)
     p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames)")
     p.add_argument("--null-backbone", action="store_true", help="zero-cost backbone: orchestration only")
+    p.add_argument(
+        "--kernel-bound",
+        action="store_true",
+        help="also time bare llama.cpp decodes of N rows (same GGUF and threads): the ratios a "
+        "perfect scheduler would reach, and the engine's share of that throughput",
+    )
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.set_defaults(handler=_main)
 

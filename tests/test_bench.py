@@ -1,0 +1,41 @@
+"""`streamtts bench` runs end to end and reports what it claims (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def bench(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "streamtts", "bench", "--frames", "6", "--n-threads", "1", "--json", str(out), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "concurrency" in r.stdout  # the table
+    return json.loads(out.read_text())
+
+
+def test_bench_with_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
+    res = bench(tmp_path, "--config", str(demo_model_dir / "config.yaml"), "--concurrency", "1", "3", "--kernel-bound")
+    levels = {lv["concurrency"]: lv for lv in res["levels"]}
+    assert set(levels) == {1, 3}
+    assert levels[1]["throughput_vs_1"] == 1.0
+    for lv in levels.values():
+        assert lv["realtime_streams"] <= lv["concurrency"]
+        assert lv["prefill_rows_computed"] > 0
+        assert 0 < lv["engine_vs_kernel_throughput"]
+    kb = res["kernel_bound"]
+    assert kb["prefill_ms"] > 0 and kb["prefill_rows"] == levels[3]["prefill_rows_computed"]
+    steps = {lv["concurrency"]: lv["step_ms"] for lv in kb["levels"]}
+    assert set(steps) == {1, 3} and all(v > 0 for v in steps.values())
+    assert levels[3]["kernel_throughput_vs_1"] > 0 and levels[3]["kernel_ttfa_vs_1"] > 0
+
+
+def test_bench_null_backbone_has_no_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
+    res = bench(
+        tmp_path, "--config", str(demo_model_dir / "config.yaml"), "--concurrency", "2", "--null-backbone", "--kernel-bound"
+    )
+    assert res["null_backbone"] is True and "kernel_bound" not in res
+    assert res["levels"][0]["concurrency"] == 2
