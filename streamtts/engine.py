@@ -277,6 +277,10 @@ class Engine:
     def queued_streams(self) -> int:
         return 0 if self._core is None else int(self._core.queued_streams)
 
+    def prefix_cache_info(self) -> dict[str, int]:
+        """Entries, bytes, hits and misses of the prompt-prefix cache (see prefix_cache.py)."""
+        return {} if self._core is None else self._core.prefix_cache.info()
+
     def reset_profile(self) -> None:
         if self._core is not None:
             self._core.profile = type(self._core.profile)()

@@ -296,6 +296,7 @@ def test_healthz_and_metrics(server: Any) -> None:
     for name in (
         "streamtts_active_streams 0",
         "streamtts_queued_streams 0",
+        "# TYPE streamtts_prefix_cache_hits gauge",
         "streamtts_sessions 0",
         "# TYPE streamtts_ttfa_seconds histogram",
         "# TYPE streamtts_rtf histogram",
@@ -324,11 +325,15 @@ def test_voice_upload_and_use(server: Any) -> None:
     r2 = httpx.post(server.http + "/v1/voices", content=clip, timeout=60)
     assert r2.status_code == 200 and r2.json()["voice_id"] == v["voice_id"] and r2.json()["cached"]
     assert v["voice_id"] in httpx.get(server.http + "/v1/voices").json()["voices"]
+    hits, misses = server.metric("streamtts_prefix_cache_hits"), server.metric("streamtts_prefix_cache_misses")
     r = asyncio.run(talk(server.ws, say(SHORT, voice=v["voice_id"])))
     assert r.ready is not None and r.ready["voice"] == v["voice_id"] and r.done is not None
-    # the same voice over HTTP
+    assert server.metric("streamtts_prefix_cache_misses") == misses + 1  # voice + template computed once
+    # the same voice over HTTP: its prompt prefix (template + voice block) is loaded, not recomputed
     h = httpx.post(server.http + "/v1/audio/speech", json={"input": SHORT, "voice": v["voice_id"], "response_format": "pcm"}, timeout=60)
     assert h.status_code == 200 and len(h.content) > 0
+    assert server.metric("streamtts_prefix_cache_hits") == hits + 1
+    assert server.metric("streamtts_prefix_cache_bytes") > 0
     assert httpx.request("DELETE", server.http + f"/v1/voices/{v['voice_id']}").status_code == 200
     r = asyncio.run(talk(server.ws, [{"type": "start", "voice": v["voice_id"]}, {"type": "cancel"}]))
     assert r.errors[0]["code"] == "unknown_voice"

@@ -135,7 +135,12 @@ class Registry:
 class ServerMetrics:
     """The server's metrics; ``active``/``queued`` read the engine at scrape time."""
 
-    def __init__(self, active: Callable[[], float], queued: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        active: Callable[[], float],
+        queued: Callable[[], float],
+        prefix: Callable[[], dict[str, int]] = dict,
+    ) -> None:
         r = self.registry = Registry()
         self.active_streams = Gauge(
             "streamtts_active_streams", "Streams holding an engine slot.", active
@@ -164,7 +169,23 @@ class ServerMetrics:
             "Real-time factor of a finished session (wall time / audio time; < 1 is faster than real time).",
             (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
         )
+        self.prefix_hits = Gauge(
+            "streamtts_prefix_cache_hits",
+            "Streams whose shared prompt prefix (template + voice) was loaded, not computed.",
+            lambda: prefix().get("hits", 0),
+        )
+        self.prefix_misses = Gauge(
+            "streamtts_prefix_cache_misses",
+            "Shared prompt prefixes computed and stored.",
+            lambda: prefix().get("misses", 0),
+        )
+        self.prefix_bytes = Gauge(
+            "streamtts_prefix_cache_bytes", "KV snapshot bytes held by the prefix cache.", lambda: prefix().get("bytes", 0)
+        )
         for m in (
+            self.prefix_hits,
+            self.prefix_misses,
+            self.prefix_bytes,
             self.active_streams,
             self.queued_streams,
             self.sessions,

@@ -54,7 +54,11 @@ class ServerState:
         self.engine = engine
         self.settings = settings
         self.voices = voices
-        self.metrics = ServerMetrics(lambda: engine.active_streams, lambda: engine.queued_streams)
+        self.metrics = ServerMetrics(
+            lambda: engine.active_streams,
+            lambda: engine.queued_streams,
+            lambda: engine.prefix_cache_info() if hasattr(engine, "prefix_cache_info") else {},
+        )
         self.sessions = 0
         self.ready = False  # engine loaded and warmed up
         self.closing = False
