@@ -86,8 +86,9 @@ def official_greedy_frames(demo_model_dir: Path, text: str, max_new: int) -> np.
 
 
 def test_greedy_codes_match_official_algorithm(demo_model_dir: Path) -> None:
+    # without the prefix cache the prompt is fed in one call, exactly as the official pipeline
     async def main() -> tuple[np.ndarray, Any]:
-        async with make_engine(demo_model_dir) as engine:
+        async with make_engine(demo_model_dir, prefix_cache_mib=0) as engine:
             syn = await engine.generate(TEXT, options=GREEDY)
             return syn.codes, syn.stats
 
