@@ -131,12 +131,16 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     async with engine:
         out["engine"] = engine.info
         await run_level(engine, 1, 40, args.text)  # warm-up
-        for n in levels:
-            for _ in range(args.repeat):
+        runs: list[dict[str, Any]] = []
+        for _ in range(args.repeat):  # levels interleaved, so drift spreads over all of them
+            for n in levels:
                 res = await run_level(engine, n, args.frames, args.text)
-                out["levels"].append(res)
+                runs.append(res)
                 log.info("concurrency %d: %s", n, res)
         out["step_profile_ms"] = engine.step_profile()
+    out["levels"] = [_median_row([r for r in runs if r["concurrency"] == n]) for n in levels]
+    if args.repeat > 1:
+        out["runs"] = runs
     base = next((lv for lv in out["levels"] if lv["concurrency"] == 1), None)
     if base:
         for lv in out["levels"]:
@@ -153,6 +157,17 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 lv["kernel_throughput_vs_1"] = k["throughput_vs_1"]
                 lv["kernel_ttfa_vs_1"] = k["ttfa_vs_1"]
                 lv["engine_vs_kernel_throughput"] = round(lv["aggregate_frames_per_s"] / k["frames_per_s"], 2)
+    return out
+
+
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-field median of repeated runs of one level."""
+    out = dict(rows[0])
+    for k, v in rows[0].items():
+        if isinstance(v, (int, float)) and k != "concurrency":
+            m = statistics.median(r[k] for r in rows)
+            out[k] = type(v)(round(m, 4)) if isinstance(v, float) else int(m)
+    out["repeats"] = len(rows)
     return out
 
 
@@ -279,7 +294,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--config", help="YAML config; default: the demo model")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1], help="levels, e.g. 1 2 4 8")
     p.add_argument("--frames", type=int, default=50, help="audio frames per stream (12.5 per second)")
-    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1, help="runs per level (interleaved); the table shows medians")
     p.add_argument("--text", default="The quick brown fox jumps over the lazy dog.")
     p.add_argument("--n-threads", type=int)
     p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames)")

@@ -35,7 +35,11 @@ def test_bench_with_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
 
 def test_bench_null_backbone_has_no_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
     res = bench(
-        tmp_path, "--config", str(demo_model_dir / "config.yaml"), "--concurrency", "2", "--null-backbone", "--kernel-bound"
-    )
+        tmp_path, "--config", str(demo_model_dir / "config.yaml"), "--concurrency", "1", "2", "--null-backbone",
+        "--kernel-bound", "--repeat", "3",
+    )  # fmt: skip
     assert res["null_backbone"] is True and "kernel_bound" not in res
-    assert res["levels"][0]["concurrency"] == 2
+    assert [lv["concurrency"] for lv in res["levels"]] == [1, 2]
+    assert [r["concurrency"] for r in res["runs"]] == [1, 2] * 3  # interleaved
+    two = [r["aggregate_frames_per_s"] for r in res["runs"] if r["concurrency"] == 2]
+    assert res["levels"][1]["repeats"] == 3 and res["levels"][1]["aggregate_frames_per_s"] == sorted(two)[1]
