@@ -50,7 +50,7 @@ class StreamStats:
 
     prompt_rows: int = 0
     prefix_cached_rows: int = 0  # prompt rows loaded from the prefix cache, not computed
-    prefill_ticks: int = 0  # engine ticks the prompt's prefill was spread over
+    prefill_ticks: int = 0  # llama_decode calls (pieces) the prompt was fed in
     steps: int = 0
     frames: int = 0
     t_submit: float = 0.0
