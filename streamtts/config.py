@@ -109,6 +109,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # KV snapshots of shared prompt prefixes (template + reference voice), 0 = off
     prefix_cache_mib: int = 256
     max_batch_rows: int = 0  # streams stepped per tick at most (0 = all); the ones closest to running dry first
+    # while a stream waits for its first audio, streams more than this far ahead of a
+    # real-time listener skip their steps (smaller ticks: first audio sooner); 0 = off
+    step_slack_s: float = 1.0
     queue_size: int = 64  # requests waiting for a slot before new ones are refused
     queue_timeout_s: float = 30.0
     decode_context_frames: int = 125  # left context per decode window (10 s)
@@ -136,6 +139,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_streams < 1:
             raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
+        if self.step_slack_s < 0:
+            raise ConfigError(f"step_slack_s must be >= 0, got {self.step_slack_s}")
         if self.prefix_cache_mib < 0:
             raise ConfigError(f"prefix_cache_mib must be >= 0, got {self.prefix_cache_mib}")
         if self.prefill_chunk < 1:

@@ -309,8 +309,10 @@ class EngineCore:
             self._fail_slots(slots, "generation step failed", exc)
 
     def _running(self) -> np.ndarray:
-        """Slots to step this tick: prefilled, not paused by backpressure, and, when
-        more run than ``max_batch_rows``, those closest to running dry first."""
+        """Slots to step this tick: prefilled, not paused by backpressure; while some
+        stream waits for its first audio, not those more than ``step_slack_s`` ahead of
+        a real-time listener (each row costs tick time the newcomer waits for); and,
+        when more run than ``max_batch_rows``, those closest to running dry first."""
         changed = False
         hi, lo = self.cfg.max_buffered_s, self.cfg.resume_buffered_s
         for s in self.slots:
@@ -327,10 +329,16 @@ class EngineCore:
                 dtype=np.int64,
             )
         run = self._run_cache
+        if run.size < 2:
+            return run
+        # audio delivered minus time elapsed (-inf: no audio yet)
+        slack = self.audio_due[run] - time.monotonic()
+        ahead = self.cfg.step_slack_s
+        if ahead > 0 and np.isneginf(slack).any():
+            keep = slack < ahead
+            run, slack = run[keep], slack[keep]
         limit = self.cfg.max_batch_rows
-        if 0 < limit < run.size:
-            # audio delivered minus time elapsed; streams without audio yet come first
-            slack = self.audio_due[run] - time.monotonic()
+        if 0 < limit < run.size:  # the ones closest to running dry
             run = np.sort(run[np.argpartition(slack, limit - 1)[:limit]])
         return run
 

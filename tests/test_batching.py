@@ -229,7 +229,9 @@ def test_prefill_chunking_keeps_running_streams_stepping(demo_model_dir: Path, t
     sf.write(ref, 0.2 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 2 * t)), sr)
 
     async def main() -> tuple[list[Any], Any, int]:
-        async with engine(demo_model_dir, max_streams=2, prefill_chunk=16, chunk_frames=[1], prefix_cache_mib=0) as e:
+        async with engine(
+            demo_model_dir, max_streams=2, prefill_chunk=16, chunk_frames=[1], prefix_cache_mib=0, step_slack_s=0
+        ) as e:
             voice = await e.encode_voice(str(ref))
             runner = e.stream(TEXTS[0], options=StreamOptions(seed=1, fixed_frames=60))
             chunks = [await runner.__anext__()]
@@ -246,6 +248,42 @@ def test_prefill_chunking_keeps_running_streams_stepping(demo_model_dir: Path, t
     # ... and the running stream got a frame on every single tick meanwhile
     ticks = [c.tick for c in chunks]
     assert ticks == list(range(ticks[0], ticks[0] + len(ticks)))
+
+
+def test_streams_far_ahead_skip_steps_while_a_newcomer_waits_for_first_audio(demo_model_dir: Path) -> None:
+    """A running stream far ahead of real time is not stepped during a newcomer's 32
+    steps to first audio (the newcomer's ticks hold one row instead of two); with
+    ``step_slack_s: 0`` it is stepped on every tick."""
+
+    def run(slack: float) -> int:
+        async def main() -> int:
+            async with engine(demo_model_dir, max_streams=2, chunk_frames=[1], step_slack_s=slack) as e:
+                bg = e.stream(TEXTS[0], options=StreamOptions(seed=1, fixed_frames=3000))
+                bg_ticks: list[int] = []
+
+                async def drain() -> None:  # read as fast as produced: far ahead of a listener
+                    async for c in bg:
+                        bg_ticks.append(c.tick)
+
+                task = asyncio.create_task(drain())
+                while len(bg_ticks) < 40:  # 3.2 s of audio in well under 2 s
+                    await asyncio.sleep(0.005)
+                new = e.stream(TEXTS[1], options=StreamOptions(seed=2, fixed_frames=3))
+                first = await new.__anext__()
+                async for _ in new:
+                    pass
+                await asyncio.sleep(0.1)  # let the drain take what was already delivered
+                task.cancel()
+                await bg.aclose()
+                # the newcomer's steps to its first frame: the 31 ticks up to first.tick
+                return sum(first.tick - 31 < t <= first.tick for t in bg_ticks)
+
+        return asyncio.run(main())
+
+    during_on = run(1.0)
+    during_off = run(0.0)
+    assert during_on == 0  # paused for the newcomer's whole fill
+    assert during_off >= 30  # stepped every tick
 
 
 def test_max_batch_rows_prefers_streams_closest_to_running_dry(demo_model_dir: Path) -> None:
