@@ -147,12 +147,12 @@ def engine_single(cfg: Path, frames: int, streams: int, **overrides: Any) -> dic
     return asyncio.run(_engine_single(cfg, frames, streams, **overrides))
 
 
-def bench(cfg: Path, levels: list[int], frames: int, out: Path) -> list[dict[str, Any]]:
+def bench(cfg: Path, levels: list[int], frames: int, out: Path, joining: bool = False) -> list[dict[str, Any]]:
     cmd = [
         sys.executable, "-m", "streamtts.cli", "bench", "--config", str(cfg),
         "--concurrency", *map(str, levels), "--frames", str(frames), "--json", str(out),
-        "--kernel-bound",
     ]  # fmt: skip
+    cmd += ["--arrival", "joining", "--joiners", "5"] if joining else ["--kernel-bound"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"streamtts bench failed ({res.returncode}):\n{res.stderr[-3000:]}")
@@ -203,9 +203,9 @@ def table(res: dict[str, Any]) -> str:
                 f"{en['ttfa_ms_p50']:.1f} ms / {en['step_ms_p50']:.3f} ms",
             )
         )
-    for lv in res.get("bench", []):
+    for lv in res.get("bench", []) + res.get("bench_joining", []):
         add((
-            f"bench concurrency {lv['concurrency']:>3}",
+            f"bench {'joining' if lv.get('arrival') == 'joining' else 'concurrency'} {lv['concurrency']:>3}",
             f"{lv['aggregate_frames_per_s']:8.1f} frames/s  TTFA p50 {lv['ttfa_ms_p50']:7.1f} ms "
             f"p95 {lv['ttfa_ms_p95']:7.1f} ms  step p50 {lv['ms_per_step_p50']:7.2f} ms  "
             f"RTF p95 {lv['rtf_p95']:.3f}  real-time {lv['realtime_streams']}/{lv['concurrency']}  "
@@ -216,10 +216,11 @@ def table(res: dict[str, Any]) -> str:
         ok_step = ratio <= OVERHEAD_TARGET
         add(("target TTFA p50 <= 120 ms", "PASS" if ok_ttfa else "FAIL"))
         add(("target engine step <= 1.03 x bare", "PASS" if ok_step else "FAIL"))
-        top = max(res.get("bench", []), key=lambda lv: lv["concurrency"], default=None)
-        if top is not None and top["concurrency"] >= 64:
-            ok = top["realtime_streams"] >= 64 and top["ttfa_ms_p95"] <= 300.0
-            add((f"target 64 real-time streams, TTFA p95 <= 300 ms (at {top['concurrency']})", "PASS" if ok else "FAIL"))
+        for key, how in (("bench", "all start at once"), ("bench_joining", "joining N-1 running")):
+            top = max(res.get(key, []), key=lambda lv: lv["concurrency"], default=None)
+            if top is not None and top["concurrency"] >= 64:
+                ok = top["realtime_streams"] >= 64 and top["ttfa_ms_p95"] <= 300.0
+                add((f"target 64 real-time streams, TTFA p95 <= 300 ms ({how})", "PASS" if ok else "FAIL"))
     else:
         add(("targets", "n/a (CPU dry run)"))
     width = max(len(k) for k, _ in rows)
@@ -280,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.concurrency:
         res["bench"] = bench(run_cfg, args.concurrency, args.frames, work / "bench.json")
+        # the top level again with streams joining a busy engine (the serving case)
+        top = max(args.concurrency)
+        res["bench_joining"] = bench(run_cfg, [top], args.frames, work / "bench-joining.json", joining=True)
     print(table(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str) + "\n", encoding="utf-8")

@@ -102,6 +102,7 @@ async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> di
     rtf = [r["rtf"] for r in results]
     return {
         "concurrency": concurrency,
+        "arrival": "burst",
         "frames_per_stream": frames,
         "wall_s": round(wall, 3),
         "aggregate_frames_per_s": round(total / wall, 2),
@@ -112,6 +113,64 @@ async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> di
         "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
         "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
         "realtime_streams": sum(1 for r in rtf if r < 1.0),
+    }
+
+
+async def run_level_joining(engine: Any, concurrency: int, frames: int, text: str, joiners: int) -> dict[str, Any]:
+    """Streams joining a busy engine: ``concurrency - 1`` long streams run (read as fast as
+    produced, as a server pushes to clients that buffer); once each is 1.5 s ahead of a
+    real-time listener, ``joiners`` streams join one after another. TTFA/RTF are the
+    joiners'; frames/s counts every stream over the joiners' window; late chunks are the
+    background's that would reach a listener (playback 200 ms after its first chunk) late."""
+    from .request import StreamOptions
+
+    state = {"late": 0, "frames": 0, "counting": False}
+    ready = [asyncio.Event() for _ in range(concurrency - 1)]
+
+    async def background(i: int) -> None:
+        s = engine.stream(text, options=StreamOptions(seed=500 + i, fixed_frames=1_000_000))
+        t0 = 0.0
+        async with s:
+            async for c in s:
+                now = time.monotonic()
+                t0 = t0 or now
+                if now > t0 + 0.2 + c.frames.start * 0.08:
+                    state["late"] += 1
+                if state["counting"]:
+                    state["frames"] += len(c.frames)
+                if now + 1.5 < t0 + c.frames.stop * 0.08:
+                    ready[i].set()
+
+    tasks = [asyncio.create_task(background(i)) for i in range(concurrency - 1)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in ready)), 120)
+        state["counting"], late0 = True, state["late"]
+        t0 = time.monotonic()
+        results = [await _one(engine, text, frames, 1000 + i) for i in range(joiners)]
+        wall = time.monotonic() - t0
+        state["counting"] = False
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    ttfa = [r["ttfa_ms"] for r in results]
+    rtf = [r["rtf"] for r in results]
+    total = state["frames"] + sum(r["frames_received"] for r in results)
+    return {
+        "concurrency": concurrency,
+        "arrival": "joining",
+        "frames_per_stream": frames,
+        "wall_s": round(wall, 3),
+        "aggregate_frames_per_s": round(total / wall, 2),
+        "ttfa_ms_p50": round(_pct(ttfa, 50), 2),
+        "ttfa_ms_p95": round(_pct(ttfa, 95), 2),
+        "rtf_p50": round(_pct(rtf, 50), 4),
+        "rtf_p95": round(_pct(rtf, 95), 4),
+        "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
+        "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
+        # the background streams (none late) and the joining slot (every joiner real time)
+        "realtime_streams": (concurrency - 1 if state["late"] == late0 else 0) + int(all(r < 1.0 for r in rtf)),
+        "late_background_chunks": state["late"] - late0,
     }
 
 
@@ -134,7 +193,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         runs: list[dict[str, Any]] = []
         for _ in range(args.repeat):  # levels interleaved, so drift spreads over all of them
             for n in levels:
-                res = await run_level(engine, n, args.frames, args.text)
+                if args.arrival == "joining":
+                    res = await run_level_joining(engine, n, args.frames, args.text, args.joiners)
+                else:
+                    res = await run_level(engine, n, args.frames, args.text)
                 runs.append(res)
                 log.info("concurrency %d: %s", n, res)
         out["step_profile_ms"] = engine.step_profile()
@@ -146,7 +208,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for lv in out["levels"]:
             lv["throughput_vs_1"] = round(lv["aggregate_frames_per_s"] / base["aggregate_frames_per_s"], 2)
             lv["ttfa_p95_vs_1"] = round(lv["ttfa_ms_p95"] / base["ttfa_ms_p95"], 2)
-    if args.kernel_bound and not args.null_backbone and out["levels"]:
+    out["arrival"] = args.arrival
+    if args.kernel_bound and not args.null_backbone and args.arrival == "burst" and out["levels"]:
         computed = out["levels"][-1]["prefill_rows_computed"]
         kb = kernel_bound(engine, levels, max(1, computed), args.frames)
         out["kernel_bound"] = kb
@@ -275,13 +338,18 @@ def print_table(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="streamtts bench" + (" (zero-cost backbone)" if res["null_backbone"] else ""))
+    title = "streamtts bench" + (" (zero-cost backbone)" if res["null_backbone"] else "")
+    if res.get("arrival") == "joining":
+        title += ": streams joining N-1 running ones"
+    t = Table(title=title)
     cols = [
         "concurrency", "aggregate_frames_per_s", "throughput_vs_1", "ttfa_ms_p50", "ttfa_ms_p95",
         "ttfa_p95_vs_1", "rtf_p50", "rtf_p95", "ms_per_step_p50", "realtime_streams",
     ]
     if "kernel_bound" in res:
         cols += ["kernel_throughput_vs_1", "kernel_ttfa_vs_1", "engine_vs_kernel_throughput"]
+    if res.get("arrival") == "joining":
+        cols.append("late_background_chunks")
     for c in cols:
         t.add_column(c.replace("_", " "), justify="right")
     for lv in res["levels"]:
@@ -299,6 +367,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--n-threads", type=int)
     p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames)")
     p.add_argument("--null-backbone", action="store_true", help="zero-cost backbone: orchestration only")
+    p.add_argument(
+        "--arrival", choices=["burst", "joining"], default="burst",
+        help="burst: N streams start at once; joining: N-1 run, then --joiners streams join one by one",
+    )  # fmt: skip
+    p.add_argument("--joiners", type=int, default=5, help="streams that join, one by one, per level (--arrival joining)")
     p.add_argument(
         "--kernel-bound",
         action="store_true",

@@ -43,3 +43,15 @@ def test_bench_null_backbone_has_no_kernel_bound(demo_model_dir: Path, tmp_path:
     assert [r["concurrency"] for r in res["runs"]] == [1, 2] * 3  # interleaved
     two = [r["aggregate_frames_per_s"] for r in res["runs"] if r["concurrency"] == 2]
     assert res["levels"][1]["repeats"] == 3 and res["levels"][1]["aggregate_frames_per_s"] == sorted(two)[1]
+
+
+def test_bench_joining_arrival(demo_model_dir: Path, tmp_path: Path) -> None:
+    res = bench(
+        tmp_path, "--config", str(demo_model_dir / "config.yaml"), "--concurrency", "1", "3",
+        "--arrival", "joining", "--joiners", "3", "--kernel-bound",
+    )  # fmt: skip
+    assert res["arrival"] == "joining" and "kernel_bound" not in res  # the bound models bursts
+    for lv in res["levels"]:
+        assert lv["arrival"] == "joining" and lv["late_background_chunks"] >= 0
+        assert 0 <= lv["realtime_streams"] <= lv["concurrency"]
+        assert lv["ttfa_ms_p50"] > 0 and lv["aggregate_frames_per_s"] > 0

@@ -25,6 +25,7 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
         "engine 1 stream, numpy heads",
         "bench concurrency   1",
         "bench concurrency   2",
+        "bench joining   2",
         "(kernel ",
         "targets",
         "pytest -m gpu",
