@@ -93,19 +93,18 @@ async def _one(engine: Any, text: str, frames: int, seed: int) -> dict[str, Any]
     return d
 
 
-async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> dict[str, Any]:
-    t0 = time.monotonic()
-    results = await asyncio.gather(*(_one(engine, text, frames, 1000 + i) for i in range(concurrency)))
-    wall = time.monotonic() - t0
-    total = sum(r["frames_received"] for r in results)
+def _level_row(
+    concurrency: int, arrival: str, frames: int, wall: float, total_frames: int, results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One level's numbers from its measured streams' stats."""
     ttfa = [r["ttfa_ms"] for r in results]
     rtf = [r["rtf"] for r in results]
     return {
         "concurrency": concurrency,
-        "arrival": "burst",
+        "arrival": arrival,
         "frames_per_stream": frames,
         "wall_s": round(wall, 3),
-        "aggregate_frames_per_s": round(total / wall, 2),
+        "aggregate_frames_per_s": round(total_frames / wall, 2),
         "ttfa_ms_p50": round(_pct(ttfa, 50), 2),
         "ttfa_ms_p95": round(_pct(ttfa, 95), 2),
         "rtf_p50": round(_pct(rtf, 50), 4),
@@ -114,6 +113,14 @@ async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> di
         "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
         "realtime_streams": sum(1 for r in rtf if r < 1.0),
     }
+
+
+async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> dict[str, Any]:
+    t0 = time.monotonic()
+    results = await asyncio.gather(*(_one(engine, text, frames, 1000 + i) for i in range(concurrency)))
+    wall = time.monotonic() - t0
+    total = sum(r["frames_received"] for r in results)
+    return _level_row(concurrency, "burst", frames, wall, total, list(results))
 
 
 async def run_level_joining(engine: Any, concurrency: int, frames: int, text: str, joiners: int) -> dict[str, Any]:
@@ -153,25 +160,14 @@ async def run_level_joining(engine: Any, concurrency: int, frames: int, text: st
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    ttfa = [r["ttfa_ms"] for r in results]
-    rtf = [r["rtf"] for r in results]
     total = state["frames"] + sum(r["frames_received"] for r in results)
-    return {
-        "concurrency": concurrency,
-        "arrival": "joining",
-        "frames_per_stream": frames,
-        "wall_s": round(wall, 3),
-        "aggregate_frames_per_s": round(total / wall, 2),
-        "ttfa_ms_p50": round(_pct(ttfa, 50), 2),
-        "ttfa_ms_p95": round(_pct(ttfa, 95), 2),
-        "rtf_p50": round(_pct(rtf, 50), 4),
-        "rtf_p95": round(_pct(rtf, 95), 4),
-        "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
-        "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
-        # the background streams (none late) and the joining slot (every joiner real time)
-        "realtime_streams": (concurrency - 1 if state["late"] == late0 else 0) + int(all(r < 1.0 for r in rtf)),
-        "late_background_chunks": state["late"] - late0,
-    }
+    row = _level_row(concurrency, "joining", frames, wall, total, results)
+    # the background streams (none late) and the joining slot (every joiner real time)
+    row["realtime_streams"] = (concurrency - 1 if state["late"] == late0 else 0) + int(
+        all(r["rtf"] < 1.0 for r in results)
+    )
+    row["late_background_chunks"] = state["late"] - late0
+    return row
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
