@@ -29,6 +29,7 @@ from .fused import (
     heads_digest,
     read_fused_info,
 )
+from .paths import gguf_writer_at
 from .tokens import TokenIds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -335,10 +336,7 @@ def _convert(
         plan.append(_Tensor(t.name, shape, t.tensor_type, int(t.n_bytes), source.chunks(t)))
 
     digest = heads_digest(head_dir, ids.n_vq)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(tmp, arch)
-    try:
+    with gguf_writer_at(out_path, arch) as w:
         alignment = _field(r, "general.alignment")
         if alignment is not None:
             w.data_alignment = int(alignment)
@@ -385,12 +383,6 @@ def _convert(
                     f"{pt.name}: wrote {written} of {pt.nbytes} bytes",
                 )
             w.write_padding(fout, written)
-        w.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
     info = read_fused_info(out_path)
     log.info(
         "wrote %s: %d output rows (%s), %.1f MB in %.1f s",

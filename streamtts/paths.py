@@ -1,9 +1,12 @@
-"""Where streamtts keeps what it builds or writes outside the repo."""
+"""Where streamtts keeps what it builds or writes outside the repo, and how it writes files."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def cache_dir() -> Path:
@@ -17,3 +20,22 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "streamtts"
+
+
+@contextmanager
+def gguf_writer_at(path: str | os.PathLike[str], arch: str) -> Iterator[Any]:
+    """A ``gguf.GGUFWriter`` on a temporary file next to ``path``, renamed into place
+    when the block ends; on an error the partial file is removed (never a torn GGUF)."""
+    import gguf
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    w = gguf.GGUFWriter(tmp, arch)
+    try:
+        yield w
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from ..paths import gguf_writer_at
 
 ARCH = "qwen3"
 
@@ -194,10 +195,7 @@ def write_qwen3_gguf(
     if token_embd is not None and tuple(token_embd.shape) != head:
         raise ValueError(f"token_embd: shape {tuple(token_embd.shape)}, expected {head}")
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    w = gguf.GGUFWriter(tmp, ARCH)
-    try:
+    with gguf_writer_at(path, ARCH) as w:
         add_qwen3_header(w, shape, "streamtts random qwen3", _DTYPES[dtype][1])
 
         # token_embd: zeros need no quantizing: an all-zero Q8_0 block is 34 zero bytes
@@ -226,9 +224,3 @@ def write_qwen3_gguf(
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise

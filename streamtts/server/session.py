@@ -153,6 +153,17 @@ Action = SendText | SendAudio | Configure | Synthesize | EndInput | Abort | Clos
 State = Literal["idle", "streaming", "ended", "closed"]
 
 
+def request_limits(max_new_tokens: int | None, seed: int | None, cap: int | None) -> int | None:
+    """Check a client's ``max_new_tokens`` and ``seed``; the token limit after the server cap."""
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if seed is not None and not (0 <= seed < 1 << 63):
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    if cap is not None:
+        return cap if max_new_tokens is None else min(max_new_tokens, cap)
+    return max_new_tokens
+
+
 def error_for_exception(exc: BaseException) -> tuple[str, bool, int]:
     """(error code, fatal, close code) for an error raised by the engine."""
     if isinstance(exc, PromptTooLongError):
@@ -486,14 +497,7 @@ class Session:
         return True
 
     def _options(self, msg: Start, sampling: SamplingParams | None) -> StreamOptions:
-        cap = self.settings.max_new_tokens
-        mnt = msg.max_new_tokens
-        if mnt is not None and mnt < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {mnt}")
-        if cap is not None:
-            mnt = cap if mnt is None else min(mnt, cap)
-        if msg.seed is not None and not (0 <= msg.seed < 1 << 63):
-            raise ValueError(f"seed must be in [0, 2**63), got {msg.seed}")
+        mnt = request_limits(msg.max_new_tokens, msg.seed, self.settings.max_new_tokens)
         return StreamOptions(
             language=msg.language,
             instruction=msg.instruction,

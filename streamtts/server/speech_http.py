@@ -39,7 +39,7 @@ from ..request import StreamOptions
 from ..segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentEvent, SegmentFailed
 from ..segmenter import Segmenter, SegmenterConfig
 from .protocol import ErrorCode
-from .session import error_for_exception
+from .session import error_for_exception, request_limits
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -250,14 +250,7 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
             raise LookupError(
                 f"no voice {req.voice!r} on this server (upload it with POST /v1/voices)"
             )
-    cap = state.settings.session.max_new_tokens
-    mnt = req.max_new_tokens
-    if mnt is not None and mnt < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {mnt}")
-    if cap is not None:
-        mnt = cap if mnt is None else min(mnt, cap)
-    if req.seed is not None and not (0 <= req.seed < 1 << 63):
-        raise ValueError(f"seed must be in [0, 2**63), got {req.seed}")
+    mnt = request_limits(req.max_new_tokens, req.seed, state.settings.session.max_new_tokens)
     sampling = req.sampling.validate() if req.sampling is not None else None
     options = StreamOptions(
         instruction=req.instructions,
