@@ -29,6 +29,8 @@
 #   STREAMTTS_BATCH_INVARIANT=1  CPU: -DGGML_LLAMAFILE=OFF, so a row's result never depends on
 #                            how many rows share its batch (bit-identical streams alone or
 #                            batched, also when sampling); prefill about 2x slower on CPU
+#   STREAMTTS_AMX=1          keep ggml's AMX kernels in a -march=native build (default 0: off; on a
+#                            Firecracker VM they died with SIGILL on `tilezero` mid-decode)
 #   STREAMTTS_BUILD_JOBS     parallel build jobs (default: number of CPUs)
 #   STREAMTTS_BUILD_VERBOSE=1  show cmake/compiler output instead of logging it to a file
 #   PYTHON                   interpreter whose pip downloads the sdist (default: the active
@@ -209,6 +211,13 @@ if [[ "${STREAMTTS_OPENMP:-0}" == 1 ]]; then OPENMP_OPT=ON; fi
 # the 1-row path: off, every batch size gives bit-identical rows (slower CPU prefill).
 LLAMAFILE_OPT=ON
 if [[ "${STREAMTTS_BATCH_INVARIANT:-0}" == 1 ]]; then LLAMAFILE_OPT=OFF; fi
+# ggml's AMX matmul (Q4_0/Q8_0/K-quants on Sapphire Rapids and later) assumes tile state
+# survives between calls; on a VM that lost it the process died with SIGILL. -march=native
+# predefines __AMX_INT8__, and undefining it leaves that code out.
+AMX_FLAGS=""
+if [[ "$NATIVE_OPT" == ON && "${STREAMTTS_AMX:-0}" != 1 ]]; then
+    AMX_FLAGS="-U__AMX_INT8__ -U__AMX_TILE__ -U__AMX_BF16__"
+fi
 
 CMAKE_OPTS=(
     -DCMAKE_BUILD_TYPE=Release
@@ -225,6 +234,8 @@ CMAKE_OPTS=(
     "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
     -DCMAKE_C_COMPILER="$CC"
     -DCMAKE_CXX_COMPILER="$CXX"
+    "-DCMAKE_C_FLAGS=$AMX_FLAGS"
+    "-DCMAKE_CXX_FLAGS=$AMX_FLAGS"
 )
 TOOLCHAIN="$("$CC" --version | head -n1); $("$CXX" --version | head -n1)"
 if [[ "$NATIVE_OPT" == ON ]]; then
