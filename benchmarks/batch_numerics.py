@@ -16,12 +16,12 @@ import json
 
 import numpy as np
 
-from streamtts.backbone import Backbone, BackboneParams
 from streamtts.config import load_config
+from streamtts.core.tokens import load_token_ids
 from streamtts.demo.model import ensure_demo_model
-from streamtts.runtime import find_model_config
-from streamtts.tokens import load_token_ids
-from streamtts.weights import AudioHeads
+from streamtts.engine.assemble import find_model_config
+from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.weights import AudioHeads
 
 
 def probe(cfg_path: str, batch: int, steps: int, prompt: int, threads: int, flash_attn: str = "auto") -> tuple[np.ndarray, np.ndarray]:

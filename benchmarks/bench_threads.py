@@ -40,8 +40,8 @@ def main() -> None:
     from threadpoolctl import threadpool_limits
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from streamtts.backbone import Backbone, BackboneParams
     from streamtts.demo.gguf_writer import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+    from streamtts.model.backbone import Backbone, BackboneParams
 
     model = args.model
     if not model:

@@ -47,7 +47,7 @@ def _p50(xs: list[float]) -> float:
 
 def prepare(work: Path, shape_name: str, quant: str) -> tuple[Path, Path, float, float]:
     """Model + fused GGUF in ``work`` (reused when already there); (config, fused, s, s)."""
-    from streamtts.fused import convert, fused_path_for
+    from streamtts.model.fused import convert, fused_path_for
 
     marker = work / "random-model.json"
     shape = gpu_model.SHAPES[shape_name]
@@ -70,9 +70,9 @@ def bare_decode(
     path: Path, gpu_layers: int, steps: int, fused: bool, threads: int = 0
 ) -> dict[str, float]:
     """Single-row decode loop through the bridge: the per-step floor the engine sits on."""
-    from streamtts.backbone import Backbone, BackboneParams
-    from streamtts.fused import fused_columns
-    from streamtts.tokens import TokenIds
+    from streamtts.core.tokens import TokenIds
+    from streamtts.model.backbone import Backbone, BackboneParams
+    from streamtts.model.fused import fused_columns
 
     ids = TokenIds()
     params = BackboneParams(
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from streamtts import _llama
+    from streamtts.model import _llama
 
     work = Path(args.work).resolve()
     cfg, fused, t_model, t_conv = prepare(work, args.shape, args.quant)

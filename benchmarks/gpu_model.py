@@ -164,9 +164,9 @@ def write_model(
     root: Path, shape: Shape, quant: str = "Q4_K_M", seed: int = 0, *, text_head: bool = False
 ) -> Path:
     """The official layout (contract section 1) with random weights; returns DIR/config.yaml."""
+    from streamtts.core.tokens import TokenIds
     from streamtts.demo.codec import write_codec
     from streamtts.demo.tokenizer import write_tokenizer
-    from streamtts.tokens import TokenIds
 
     ids = TokenIds()
     gg = root / "MOSS-TTS-GGUF"

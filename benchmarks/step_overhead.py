@@ -22,16 +22,16 @@ from typing import Any
 import numpy as np
 
 from streamtts import Engine
-from streamtts.backbone import Backbone, BackboneParams
 from streamtts.codec import load_decoder
 from streamtts.config import SamplingParams, load_config
+from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
+from streamtts.core.tokens import load_token_ids
 from streamtts.demo.model import ensure_demo_model
-from streamtts.normalize import normalize_text
-from streamtts.prompt import HFTokenizer, PromptSpec, build_prompt
+from streamtts.engine.assemble import find_model_config, physical_cores
+from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.weights import AudioHeads, Embedder
 from streamtts.request import StreamOptions
-from streamtts.runtime import find_model_config, physical_cores
-from streamtts.tokens import load_token_ids
-from streamtts.weights import AudioHeads, Embedder
+from streamtts.text.normalize import normalize_text
 
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
 

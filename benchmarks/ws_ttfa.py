@@ -161,7 +161,7 @@ async def concurrency(url: str, n: int, text: str, preroll_s: float) -> dict[str
 
 
 async def main(a: argparse.Namespace) -> dict[str, Any]:
-    from streamtts.engine import Engine
+    from streamtts.engine.frontend import Engine
 
     server_args = ["--max-streams", str(a.max_streams), "--max-sessions", str(max(a.sessions))]
     if a.config:

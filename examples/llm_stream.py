@@ -7,7 +7,7 @@
 With --llm, tokens come from any OpenAI-compatible chat endpoint (llama.cpp's server, vLLM,
 ...), streamed with server-sent events. The server cuts the text into clauses as it arrives,
 so speech starts after the first clause, not after the whole answer. Audio is played through
-the sound card (`streamtts.player`), or written with --save.
+the sound card (`streamtts.audio.playback`), or written with --save.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ async def main(a: argparse.Namespace) -> None:
         sf.write(a.save, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), 24000)
         print(f"wrote {a.save}")
         return
-    from streamtts import player
+    from streamtts.audio import playback as player
 
     report = await player.play(chunks)
     print(report.summary())

@@ -69,7 +69,7 @@ def null_backbone_factory(params: Any) -> NullBackbone:
     """Build a NullBackbone shaped like the model the params point at."""
     from pathlib import Path
 
-    from .runtime import gguf_n_embd
+    from .engine.assemble import gguf_n_embd
 
     return NullBackbone(gguf_n_embd(Path(params.model_path)), params.n_ctx // max(params.n_seq_max, 1))
 
@@ -171,7 +171,7 @@ async def run_level_joining(engine: Any, concurrency: int, frames: int, text: st
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from .engine import Engine
+    from .engine.frontend import Engine
 
     levels = sorted(set(args.concurrency))
     engine = Engine.from_config(
@@ -245,9 +245,9 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
     decode of N rows (one per sequence) and one prefill of ``prefill_rows`` rows; from
     those, the best throughput and TTFA any scheduler could reach if everything else
     (Python, sampling, codec, threads) were free. Run with the engine closed."""
-    from .backbone import Backbone, BackboneParams
-    from .fused import fused_columns
-    from .weights import AudioHeads
+    from .model.backbone import Backbone, BackboneParams
+    from .model.fused import fused_columns
+    from .model.weights import AudioHeads
 
     cfg, ids, info = engine.config, engine.ids, engine.info
     n_max = max(levels)

@@ -72,7 +72,7 @@ def _check_file(path: Path) -> dict[str, Any]:
             path, "a safetensors file",
             f"truncated: its header needs {8 + n + end} bytes, the file has {size}",
         )
-    return header
+    return dict(header)
 
 
 class Checkpoint:

@@ -65,7 +65,7 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace) -> Any:
-    from .engine import Engine
+    from .engine.frontend import Engine
 
     if not args.config:
         print("streamtts: no --config given: using the synthetic demo model (random weights, soft tones)", file=sys.stderr)
@@ -119,7 +119,7 @@ async def _synth(args: argparse.Namespace) -> int:
     import soundfile as sf
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .reference import loudness_normalize
+    from .audio.reference import loudness_normalize
 
     engine = _engine(args)
     async with engine:
@@ -156,7 +156,7 @@ async def _synth(args: argparse.Namespace) -> int:
 
 # -- speak ---------------------------------------------------------------------------------------
 async def _speak(args: argparse.Namespace) -> int:
-    from . import player
+    from .audio import playback as player
 
     if args.list_devices:
         print(player.list_devices())

@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from .audio_format import AudioFormat, decode_audio, get_format
+from .audio.formats import AudioFormat, decode_audio, get_format
 from .config import SamplingParams
 from .server.protocol import Done, Error, Ready, SegmentInfo
 

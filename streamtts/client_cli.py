@@ -49,7 +49,7 @@ async def say(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
 
-    from . import player
+    from .audio import playback as player
     from .client import ServerError, StreamClient
 
     client = StreamClient(

@@ -122,7 +122,7 @@ def _load_cfg(path: str | None) -> Any:
 def _convert(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .fused import config_line, convert
+    from .model.fused import config_line, convert
 
     cfg = _load_cfg(args.config)
     src = args.gguf or (cfg.backbone_gguf if cfg else "")
@@ -195,7 +195,7 @@ def _build_engine(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from .download import download
+    from .model.download import download
 
     cfg, rep = download(
         args.dest, args.quant, from_dir=args.from_dir, revision=args.revision,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .config import EngineConfig
-from .engine import Engine, Synthesis
+from .engine.frontend import Engine, Synthesis
 from .request import AudioChunk
 
 

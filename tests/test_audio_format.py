@@ -1,4 +1,4 @@
-"""streamtts.audio_format: formats, s16/mu-law conversion, streaming resampling."""
+"""streamtts.audio.formats: formats, s16/mu-law conversion, streaming resampling."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import soxr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtts.audio_format import (
+from streamtts.audio.formats import (
     FORMATS,
     StreamEncoder,
     decode_audio,

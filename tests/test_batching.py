@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from streamtts import Engine
-from streamtts.backbone import Backbone
 from streamtts.config import SamplingParams
 from streamtts.errors import OverloadedError, QueueTimeoutError
+from streamtts.model.backbone import Backbone
 from streamtts.request import StreamOptions
 
 TEXTS = [

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import TinyModel
 
-from streamtts import _llama
-from streamtts.backbone import Backbone, BackboneParams, flash_attn_id, kv_type_id
 from streamtts.errors import BackboneError, ConfigError, ModelFileError, NativeLibraryError
+from streamtts.model import _llama
+from streamtts.model.backbone import Backbone, BackboneParams, flash_attn_id, kv_type_id
 
 N_EMBD = 64
 

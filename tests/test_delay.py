@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from streamtts.delay import de_delay, delay_layout, drop_pad_frames
+from streamtts.core.delay import de_delay, delay_layout, drop_pad_frames
 from streamtts.errors import InputError
 
 PAD = 1024

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from streamtts.config import load_config
+from streamtts.core.tokens import TokenIds, load_token_ids
 from streamtts.demo import model as demo
 from streamtts.demo.reference_forward import Qwen3Reference
 from streamtts.demo.tokenizer import AUDIO_TOKEN_NAMES, build_tokenizer
-from streamtts.tokens import TokenIds, load_token_ids
 
 IDS = TokenIds()
 GG = "MOSS-TTS-GGUF"
@@ -328,7 +328,7 @@ def test_reference_forward_matches_llama_cpp(
     bridge_lib: object, demo_model_dir: Path, weights: demo.DemoWeights
 ) -> None:
     """The NumPy forward used for calibration computes what llama.cpp computes."""
-    from streamtts.backbone import Backbone, BackboneParams
+    from streamtts.model.backbone import Backbone, BackboneParams
 
     rng = np.random.default_rng(0)
     rows = [
@@ -354,7 +354,7 @@ def test_greedy_speech_length_on_llama_cpp(
     bridge_lib: object, demo_model_dir: Path, weights: demo.DemoWeights
 ) -> None:
     """The same shaping through the real backbone (llama.cpp reads the written GGUF)."""
-    from streamtts.backbone import Backbone, BackboneParams
+    from streamtts.model.backbone import Backbone, BackboneParams
 
     bb = Backbone(BackboneParams(model_path=str(demo_model_dir / GG / "MOSS_TTS_Q4_K_M.gguf"),
                                  n_ctx=512, n_batch=128, n_threads=2))  # fmt: skip

@@ -12,7 +12,8 @@ import pytest
 
 from streamtts import Engine
 from streamtts.config import load_config
-from streamtts.download import (
+from streamtts.errors import ModelFileError
+from streamtts.model.download import (
     CODEC_DIR,
     CODEC_REPO,
     GGUF_DIR,
@@ -21,7 +22,6 @@ from streamtts.download import (
     check_layout,
     download,
 )
-from streamtts.errors import ModelFileError
 from streamtts.request import StreamOptions
 
 

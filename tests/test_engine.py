@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 
 from streamtts import Engine
-from streamtts.backbone import Backbone, BackboneParams
 from streamtts.codec import load_decoder
 from streamtts.config import SamplingParams, load_config
-from streamtts.delay import de_delay, drop_pad_frames
+from streamtts.core.delay import de_delay, drop_pad_frames
+from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
+from streamtts.core.state import reference_init, reference_step
+from streamtts.core.tokens import load_token_ids
+from streamtts.engine.assemble import find_model_config
 from streamtts.errors import InputError, PromptTooLongError, ReferenceAudioError
-from streamtts.normalize import normalize_text
-from streamtts.prompt import HFTokenizer, PromptSpec, build_prompt
+from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.weights import AudioHeads, Embedder
 from streamtts.request import StreamOptions
-from streamtts.runtime import find_model_config
-from streamtts.state import reference_init, reference_step
-from streamtts.tokens import load_token_ids
-from streamtts.weights import AudioHeads, Embedder
+from streamtts.text.normalize import normalize_text
 
 TEXT = "Hello there, this is a streaming test."
 GREEDY = StreamOptions(sampling=SamplingParams.greedy(), seed=1)
@@ -367,7 +367,7 @@ def test_long_text_is_spoken_in_segments_in_one_voice(demo_model_dir: Path) -> N
             return s, chunks, engine.active_streams
 
     s, chunks, active = run(main())
-    from streamtts.long_text import LongTextStream
+    from streamtts.engine.long_text import LongTextStream
 
     assert isinstance(s, LongTextStream) and len(s.segments) >= 3
     frames = [f for c in chunks for f in c.frames]

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtts.delay import de_delay, delay_layout, drop_pad_frames
-from streamtts.frames import FrameAssembler
+from streamtts.core.delay import de_delay, delay_layout, drop_pad_frames
+from streamtts.core.frames import FrameAssembler
 
 PAD = 1024
 

@@ -15,11 +15,13 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
-from streamtts import Engine, fused, fused_convert
-from streamtts.backbone import Backbone, BackboneParams
+from streamtts import Engine
 from streamtts.config import SamplingParams, load_config
+from streamtts.core.tokens import TokenIds
 from streamtts.errors import ConfigError, ModelFileError
-from streamtts.fused import (
+from streamtts.model import fused, fused_convert
+from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.fused import (
     FUSED_VERSION,
     convert,
     find_fused_gguf,
@@ -27,9 +29,8 @@ from streamtts.fused import (
     fused_path_for,
     read_fused_info,
 )
+from streamtts.model.weights import AudioHeads, Embedder
 from streamtts.request import StreamOptions
-from streamtts.tokens import TokenIds
-from streamtts.weights import AudioHeads, Embedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu_model  # noqa: E402
@@ -179,9 +180,9 @@ def test_convert_resident_memory_stays_small(quant_model: Path, tmp_path: Path) 
         return int(out.stdout.split()[-1])
 
     src = src_gguf(quant_model)
-    base = peak_kb("import numpy, gguf, streamtts.fused")
+    base = peak_kb("import numpy, gguf, streamtts.model.fused")
     conv = peak_kb(
-        "import streamtts.fused_convert as f; f._CHUNK_BYTES = 1 << 20; "
+        "import streamtts.model.fused_convert as f; f._CHUNK_BYTES = 1 << 20; "
         f"f.convert({str(src)!r}, {str(gg(quant_model) / 'lm_heads')!r}, {str(tmp_path / 'r.gguf')!r})"
     )
     size_kb = src.stat().st_size // 1024
@@ -384,7 +385,7 @@ def test_engine_picks_up_fused_file_next_to_backbone(
     arr = np.load(h)
     arr[0, 0] += 1
     np.save(h, arr)
-    with caplog.at_level(logging.WARNING, logger="streamtts.fused"):
+    with caplog.at_level(logging.WARNING, logger="streamtts.model.fused"):
         assert find_fused_gguf(cfg) == ""
     assert "audio heads differ" in caplog.text
 

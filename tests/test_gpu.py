@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtts import Engine, _llama
+from streamtts import Engine
 from streamtts.config import SamplingParams
+from streamtts.core.tokens import TokenIds
+from streamtts.model import _llama
 from streamtts.request import StreamOptions
-from streamtts.tokens import TokenIds
 
 IDS = TokenIds()
 TEXT = "Hello there, this is a streaming test."
@@ -58,7 +59,7 @@ def cuda_bridge() -> None:
 
 @pytest.fixture(scope="module")
 def fused16(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from streamtts.fused import convert
+    from streamtts.model.fused import convert
 
     gg = demo_model_dir / "MOSS-TTS-GGUF"
     return Path(
@@ -69,9 +70,9 @@ def fused16(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def test_full_offload_fused_logits_match_numpy_heads(demo_model_dir: Path, fused16: Path) -> None:
-    from streamtts.backbone import Backbone, BackboneParams
-    from streamtts.fused import read_fused_info
-    from streamtts.weights import AudioHeads, Embedder
+    from streamtts.model.backbone import Backbone, BackboneParams
+    from streamtts.model.fused import read_fused_info
+    from streamtts.model.weights import AudioHeads, Embedder
 
     gg = demo_model_dir / "MOSS-TTS-GGUF"
     emb = Embedder(gg / "embeddings", IDS)

@@ -1,4 +1,4 @@
-"""Tests of streamtts.normalize: the official examples, edge cases, properties."""
+"""Tests of streamtts.text.normalize: the official examples, edge cases, properties."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamtts.normalize import normalize_text
+from streamtts.text.normalize import normalize_text
 
 # -- the official examples --------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Tests for streamtts.player.
+"""Tests for streamtts.audio.playback.
 
 The playback tests run the real Player, ring buffer and audio callback against
 ClockedOutputStream, a sound-card stand-in clocked in real time, so they take
@@ -26,9 +26,8 @@ import soxr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import streamtts.player as player_mod
-from streamtts.errors import StreamTTSError
-from streamtts.player import (
+import streamtts.audio.playback as player_mod
+from streamtts.audio.playback import (
     NO_DEVICE_MESSAGE,
     ClockedOutputStream,
     PlaybackError,
@@ -41,6 +40,7 @@ from streamtts.player import (
     resolve_output_device,
     sounddevice_stream,
 )
+from streamtts.errors import StreamTTSError
 
 RATE = 24_000
 FRAME = 1920  # samples per codec frame (80 ms)

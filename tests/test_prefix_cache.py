@@ -11,8 +11,8 @@ import pytest
 
 from streamtts import Engine
 from streamtts.config import SamplingParams
+from streamtts.engine.prefix_cache import PrefixCache, prefix_key
 from streamtts.errors import ConfigError
-from streamtts.prefix_cache import PrefixCache, prefix_key
 from streamtts.request import StreamOptions
 
 
@@ -124,7 +124,7 @@ def test_cancelled_owner_hands_the_prefix_to_a_waiter(demo_model_dir: Path, voic
     it computes the prefix itself, completes, and stores it; no claim is left behind."""
     import threading
 
-    from streamtts.backbone import Backbone
+    from streamtts.model.backbone import Backbone
 
     inside, release = threading.Event(), threading.Event()
 

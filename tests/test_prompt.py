@@ -9,10 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamtts.delay import delay_layout
+from streamtts.core.delay import delay_layout
+from streamtts.core.prompt import (
+    HFTokenizer,
+    PromptSpec,
+    TextTokenizer,
+    build_prompt,
+    build_prompt_ex,
+)
+from streamtts.core.tokens import TokenIds
 from streamtts.errors import ConfigError, InputError, ModelFileError
-from streamtts.prompt import HFTokenizer, PromptSpec, TextTokenizer, build_prompt, build_prompt_ex
-from streamtts.tokens import TokenIds
 
 IDS = TokenIds()
 K = IDS.n_vq

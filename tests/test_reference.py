@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from streamtts.codec import load_encoder
-from streamtts.config import load_config
-from streamtts.errors import InputError, ReferenceAudioError
-from streamtts.reference import (
+from streamtts.audio.reference import (
     MAX_REFERENCE_S,
     MIN_REFERENCE_S,
     encode_reference,
     load_reference,
     loudness_normalize,
 )
+from streamtts.codec import load_encoder
+from streamtts.config import load_config
+from streamtts.errors import InputError, ReferenceAudioError
 
 SR = 24000
 F = 1920

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtts.sampling import (
+from streamtts.core.sampling import (
     AUDIO_STREAM,
     TEXT_STREAM,
     NonFiniteLogitsError,

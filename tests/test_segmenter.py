@@ -1,4 +1,4 @@
-"""streamtts.segmenter: where streamed text is cut, and that the cuts do not depend on how
+"""streamtts.text.segmenter: where streamed text is cut, and that the cuts do not depend on how
 the text arrives (whole, or one token at a time)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamtts.segmenter import CJK_WEIGHT, Segmenter, SegmenterConfig, split_text
+from streamtts.text.segmenter import CJK_WEIGHT, Segmenter, SegmenterConfig, split_text
 
 
 def feed_pieces(text: str, cuts: list[int], cfg: SegmenterConfig | None = None) -> list[str]:

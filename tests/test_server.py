@@ -27,11 +27,11 @@ import soundfile as sf
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from streamtts.audio_format import StreamEncoder, get_format
+from streamtts.audio.formats import StreamEncoder, get_format
 from streamtts.config import SamplingParams
+from streamtts.engine.segmented import SegmentAudio, speak_segments
 from streamtts.request import StreamOptions
-from streamtts.segmented import SegmentAudio, speak_segments
-from streamtts.segmenter import split_text
+from streamtts.text.segmenter import split_text
 
 MAX_NEW = 44
 SERVER_ARGS = [
@@ -59,7 +59,7 @@ def server(serve: Any) -> Any:
 @pytest.fixture(scope="module")
 def local(demo_model_dir: Path) -> Iterator[Any]:
     """The same model in this process: what the server's bytes must equal."""
-    from streamtts.engine import Engine
+    from streamtts.engine.frontend import Engine
 
     # 20 slots: the 20 expected streams of the concurrency test never wait for one
     eng = Engine.from_config(demo_model_dir / "config.yaml", max_streams=20, n_threads=2)

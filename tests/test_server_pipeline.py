@@ -1,4 +1,4 @@
-"""streamtts.segmented: segments spoken back to back in one voice, with clean joins.
+"""streamtts.engine.segmented: segments spoken back to back in one voice, with clean joins.
 
 Most tests use a scripted stand-in for the engine (exact control of timing and
 codes); the last ones run the real engine on the demo model.
@@ -17,10 +17,8 @@ import numpy as np
 import pytest
 
 from streamtts.config import SamplingParams
-from streamtts.errors import InputError
-from streamtts.prepare import Voice
-from streamtts.request import AudioChunk, StreamOptions, StreamStats
-from streamtts.segmented import (
+from streamtts.engine.prepare import Voice
+from streamtts.engine.segmented import (
     SegmentAudio,
     SegmentDone,
     SegmentedSpeech,
@@ -28,6 +26,8 @@ from streamtts.segmented import (
     SegmentJoiner,
     speak_segments,
 )
+from streamtts.errors import InputError
+from streamtts.request import AudioChunk, StreamOptions, StreamStats
 
 FS = 1920  # samples per frame
 
@@ -291,7 +291,7 @@ def test_joins_have_no_step() -> None:
 
 @pytest.fixture(scope="module")
 def engine(demo_model_dir: Path) -> Any:
-    from streamtts.engine import Engine
+    from streamtts.engine.frontend import Engine
 
     eng = Engine.from_config(demo_model_dir / "config.yaml", max_streams=4, n_threads=2)
     loop = asyncio.new_event_loop()

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtts.audio_format import decode_audio, get_format
+from streamtts.audio.formats import decode_audio, get_format
+from streamtts.engine.prepare import Voice
 from streamtts.errors import (
     CodecError,
     GenerationError,
@@ -17,7 +18,6 @@ from streamtts.errors import (
     PromptTooLongError,
     QueueTimeoutError,
 )
-from streamtts.prepare import Voice
 from streamtts.request import StreamStats
 from streamtts.server.protocol import CloseCode, ErrorCode, decode_client
 from streamtts.server.session import (

@@ -8,17 +8,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtts.config import SamplingParams
-from streamtts.delay import de_delay, drop_pad_frames
-from streamtts.errors import InputError
-from streamtts.frames import FrameAssembler
-from streamtts.sampling import (
+from streamtts.core.delay import de_delay, drop_pad_frames
+from streamtts.core.frames import FrameAssembler
+from streamtts.core.sampling import (
     TEXT_STREAM,
     NonFiniteLogitsError,
     counter_uniforms,
     sample_rows_reference,
 )
-from streamtts.state import NONE, DelayStates, ReferenceState, reference_init, reference_step
-from streamtts.tokens import TokenIds
+from streamtts.core.state import NONE, DelayStates, ReferenceState, reference_init, reference_step
+from streamtts.core.tokens import TokenIds
+from streamtts.errors import InputError
 
 REAL = TokenIds()
 K = REAL.n_vq

@@ -74,8 +74,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.tokens import TokenIds
 from ..paths import cache_dir
-from ..tokens import TokenIds
 from .codec import write_codec
 from .reference_forward import Qwen3Reference
 from .tokenizer import write_tokenizer

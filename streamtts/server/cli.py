@@ -9,8 +9,8 @@ import socket
 import sys
 from typing import Any
 
-from ..segmented import DEFAULT_CONTINUITY_FRAMES
-from ..segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
+from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES
+from ..text.segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
 async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..engine import Engine
+    from ..engine.frontend import Engine
     from .app import create_app
 
     if not args.config:

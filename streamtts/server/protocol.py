@@ -47,7 +47,7 @@ class Start(msgspec.Struct, tag="start", kw_only=True, forbid_unknown_fields=Tru
     quality: str | None = None
     seed: int | None = None
     sampling: SamplingParams | None = None
-    format: str | None = None  # see streamtts.audio_format.FORMATS (default pcm_s16le_24000)
+    format: str | None = None  # see streamtts.audio.formats.FORMATS (default pcm_s16le_24000)
     min_chars: int | None = None  # segmenter: minimum length of a sentence segment
     clause_min_chars: int | None = None  # ... of a segment cut at a clause (comma) boundary
     max_new_tokens: int | None = None  # per segment

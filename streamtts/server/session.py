@@ -13,7 +13,7 @@ States::
     idle --start/text/flush/end--> streaming --end--> ended --last segment done--> closed
       \\___________________ cancel / fatal error / idle timeout / slow client ______/
 
-Text is cut into segments by :class:`streamtts.segmenter.Segmenter`; each
+Text is cut into segments by :class:`streamtts.text.segmenter.Segmenter`; each
 segment becomes a :class:`Synthesize` action. Audio comes back as float32 at
 24 kHz and is encoded here (one :class:`StreamEncoder` per session, so the
 resampler sees one continuous signal across segment joins).
@@ -31,8 +31,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..audio_format import AudioFormat, StreamEncoder, get_format
+from ..audio.formats import AudioFormat, StreamEncoder, get_format
 from ..config import SamplingParams
+from ..engine.prepare import Voice
 from ..errors import (
     CodecError,
     ConfigError,
@@ -43,9 +44,8 @@ from ..errors import (
     PromptTooLongError,
     QueueTimeoutError,
 )
-from ..prepare import Voice
 from ..request import FRAME_RATE, StreamOptions, StreamStats
-from ..segmenter import (
+from ..text.segmenter import (
     DEFAULT_CLAUSE_MIN_CHARS,
     DEFAULT_MAX_CHARS,
     DEFAULT_MIN_CHARS,

@@ -5,7 +5,7 @@ Accepts OpenAI's request body (``model``, ``input``, ``voice``,
 ``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: ``pcm``
 (24 kHz s16le, as OpenAI's), ``wav`` (24 kHz s16le with a streaming header
 whose sizes are 0xFFFFFFFF, as OpenAI's), or any name of
-:data:`streamtts.audio_format.FORMATS`. ``mp3``/``opus``/``aac``/``flac``
+:data:`streamtts.audio.formats.FORMATS`. ``mp3``/``opus``/``aac``/``flac``
 are refused with 400 (no encoders in the serving path). ``stream_format:
 "sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
 ``speech.audio.done``. ``voice``: an id from ``POST /v1/voices``, or one of
@@ -32,12 +32,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
-from ..audio_format import AudioFormat, StreamEncoder, get_format, wav_header
+from ..audio.formats import AudioFormat, StreamEncoder, get_format, wav_header
 from ..config import SamplingParams
-from ..prepare import Voice
+from ..engine.prepare import Voice
+from ..engine.segmented import (
+    SegmentAudio,
+    SegmentDone,
+    SegmentedSpeech,
+    SegmentEvent,
+    SegmentFailed,
+)
 from ..request import StreamOptions
-from ..segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentEvent, SegmentFailed
-from ..segmenter import Segmenter, SegmenterConfig
+from ..text.segmenter import Segmenter, SegmenterConfig
 from .protocol import ErrorCode
 from .session import error_for_exception, request_limits
 from .state import ServerState

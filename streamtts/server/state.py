@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
+from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from .metrics import ServerMetrics
 from .session import SessionSettings
 from .voices import VoiceStore

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ..prepare import Voice
+from ..engine.prepare import Voice
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
+from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
 from .protocol import CloseCode, Error, ErrorCode, encode
 from .session import (
     Abort,

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.tokens import TokenIds
+from ..errors import ConfigError, ModelFileError
+from ..paths import gguf_writer_at
 from . import fused
-from .errors import ConfigError, ModelFileError
 from .fused import (
     KEY,
     AudioDtype,
@@ -29,11 +31,9 @@ from .fused import (
     heads_digest,
     read_fused_info,
 )
-from .paths import gguf_writer_at
-from .tokens import TokenIds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import EngineConfig
+    from ..config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +155,11 @@ def _check_head(path: Path, arr: np.ndarray, rows: int, n_embd: int) -> None:
 
 
 def _resolve_heads(heads: str | os.PathLike[str] | EngineConfig) -> tuple[Path, TokenIds]:
-    from .config import EngineConfig
-    from .tokens import load_token_ids
+    from ..config import EngineConfig
+    from ..core.tokens import load_token_ids
 
     if isinstance(heads, EngineConfig):
-        from .runtime import find_model_config
+        from ..engine.assemble import find_model_config
 
         if not heads.lm_head_dir:
             raise ConfigError("the config has no lm_head_dir: the fused GGUF needs the audio heads")

@@ -18,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from .codec import AudioEncoder
-from .config import EngineConfig
-from .errors import InputError, PromptTooLongError, ReferenceAudioError
-from .normalize import normalize_text
+from ..audio.reference import encode_reference, load_reference
+from ..codec import AudioEncoder
+from ..config import EngineConfig
+from ..core.prompt import PromptSpec, TextTokenizer, build_prompt_ex
+from ..core.tokens import TokenIds
+from ..errors import InputError, PromptTooLongError, ReferenceAudioError
+from ..model.weights import Embedder
+from ..request import PreparedRequest, StreamOptions, StreamStats
+from ..text.normalize import normalize_text
 from .prefix_cache import prefix_key
-from .prompt import PromptSpec, TextTokenizer, build_prompt_ex
-from .reference import encode_reference, load_reference
-from .request import PreparedRequest, StreamOptions, StreamStats
-from .tokens import TokenIds
-from .weights import Embedder
 
 log = logging.getLogger(__name__)
 

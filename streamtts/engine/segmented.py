@@ -50,8 +50,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from ..request import AudioChunk, StreamOptions, StreamStats
 from .prepare import Voice
-from .request import AudioChunk, StreamOptions, StreamStats
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class _Gen:
 class SegmentedSpeech:
     """Segments in (``add``, ``end``), ordered audio events out (``events()``).
 
-    ``engine`` is a started :class:`streamtts.engine.Engine` (anything with its
+    ``engine`` is a started :class:`streamtts.engine.frontend.Engine` (anything with its
     ``stream(text, reference=, options=)``).
     """
 

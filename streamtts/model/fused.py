@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .errors import ConfigError, ModelFileError
-from .tokens import TokenIds
+from ..core.tokens import TokenIds
+from ..errors import ConfigError, ModelFileError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import EngineConfig
+    from ..config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ def _warn_if_stale(path: Path, cfg: EngineConfig) -> None:
 
 
 def convert(*args: Any, **kwargs: Any) -> FusedInfo:
-    """Write a fused-heads GGUF: :func:`streamtts.fused_convert.convert` (imported on use)."""
+    """Write a fused-heads GGUF: :func:`streamtts.model.fused_convert.convert` (imported on use)."""
     from .fused_convert import convert as _convert
 
     return _convert(*args, **kwargs)

@@ -23,15 +23,15 @@ from typing import Protocol
 
 import numpy as np
 
-from .config import EngineConfig
+from ..config import EngineConfig
+from ..core.frames import FrameAssembler
+from ..core.state import DelayStates
+from ..core.tokens import TokenIds
+from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
+from ..model.weights import AudioHeads, Embedder
+from ..request import FRAME_RATE, PreparedRequest
 from .decoding import DecodeJob, DecodeWorker
-from .errors import EngineClosedError, GenerationError, QueueTimeoutError
-from .frames import FrameAssembler
 from .prefix_cache import PrefixCache
-from .request import FRAME_RATE, PreparedRequest
-from .state import DelayStates
-from .tokens import TokenIds
-from .weights import AudioHeads, Embedder
 
 log = logging.getLogger(__name__)
 

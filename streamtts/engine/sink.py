@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .request import AudioChunk, StreamStats
+from ..request import AudioChunk, StreamStats
 
 SAMPLE_RATE = 24000
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from .config import EngineConfig
+from ..config import EngineConfig
+from ..core.tokens import TokenIds, load_token_ids
+from ..errors import ConfigError, ModelFileError
+from .core import EngineCore
 from .decoding import DecodeWorker
-from .engine_core import EngineCore
-from .errors import ConfigError, ModelFileError
 from .prepare import Preparer
-from .tokens import TokenIds, load_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +113,16 @@ def kv_bytes_per_cell(hp: dict[str, int], type_k: str, type_v: str) -> float:
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
     from threadpoolctl import threadpool_limits
 
-    from .backbone import Backbone, BackboneParams
-    from .codec import load_decoder, load_encoder
-    from .prompt import HFTokenizer
-    from .weights import AudioHeads, Embedder
+    from ..codec import load_decoder, load_encoder
+    from ..core.prompt import HFTokenizer
+    from ..model.backbone import Backbone, BackboneParams
+    from ..model.weights import AudioHeads, Embedder
 
     if cfg.audio_backend == "torch":
         raise ConfigError("audio_backend 'torch' is not supported (streamtts serves without PyTorch): use onnx or trt")
     if cfg.blas_threads > 0:
         threadpool_limits(limits=cfg.blas_threads, user_api="blas")
-    from .fused import find_fused_gguf
+    from ..model.fused import find_fused_gguf
 
     # explicit fused_gguf, else <backbone>.fused.gguf when it was built from this backbone
     fused_path = find_fused_gguf(cfg)
@@ -157,7 +157,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     try:
         cols = [ids.gen_slot, ids.delay_slot]
         if fused:
-            from .fused import fused_columns
+            from ..model.fused import fused_columns
 
             backbone.set_logit_columns(np.asarray(fused_columns(backbone, ids, path=gguf), dtype=np.int32))
         else:

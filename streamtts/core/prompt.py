@@ -19,8 +19,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import ConfigError, InputError, ModelFileError
 from .delay import delay_layout
-from .errors import ConfigError, InputError, ModelFileError
 from .tokens import TokenIds
 
 

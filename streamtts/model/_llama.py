@@ -23,8 +23,8 @@ import os
 import threading
 from pathlib import Path
 
-from .errors import NativeLibraryError
-from .paths import cache_dir
+from ..errors import NativeLibraryError
+from ..paths import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import GenerationError
+from ..errors import GenerationError
 
 TEXT_STREAM = 0
 """``counter_uniforms`` stream for the text channel."""

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, ModelFileError, StreamTTSError
-from .tokens import TokenIds, load_token_ids
+from ..core.tokens import TokenIds, load_token_ids
+from ..errors import ConfigError, ModelFileError, StreamTTSError
 
 log = logging.getLogger(__name__)
 

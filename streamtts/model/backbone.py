@@ -32,9 +32,9 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import BackboneError, ConfigError, ModelFileError
 from . import _llama
 from ._llama import STT_E_INVALID, STT_E_MODEL
-from .errors import BackboneError, ConfigError, ModelFileError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``engine.stream()`` for text longer than one generation fits in the context.
 
 The text is cut at sentence/clause boundaries (the server's segmenter) and the
-segments are spoken back to back in one voice (:mod:`streamtts.segmented`),
+segments are spoken back to back in one voice (:mod:`streamtts.engine.segmented`),
 pipelined so the next segment generates while the current one plays. To the
 caller it is one stream of :class:`AudioChunk` with continuous frame numbers.
 """
@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from ..request import AudioChunk, StreamOptions, StreamStats
+from ..text.segmenter import split_text
 from .prepare import ReferenceLike, Voice
-from .request import AudioChunk, StreamOptions, StreamStats
 from .segmented import SegmentAudio, SegmentDone, speak_segments
-from .segmenter import split_text
 
 
 class LongTextStream:
-    """Same interface as :class:`streamtts.engine.AudioStream`."""
+    """Same interface as :class:`streamtts.engine.frontend.AudioStream`."""
 
     def __init__(self, engine: Any, text: str, reference: ReferenceLike, options: StreamOptions) -> None:
         self.segments = split_text(text)

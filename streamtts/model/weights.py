@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelFileError
-from .tokens import TokenIds
+from ..core.tokens import TokenIds
+from ..errors import ModelFileError
 
 log = logging.getLogger(__name__)
 

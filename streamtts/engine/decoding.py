@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .codec import AudioDecoder
-from .errors import CodecError
-from .request import AudioChunk
+from ..codec import AudioDecoder
+from ..errors import CodecError
+from ..request import AudioChunk
 from .sink import StreamSink
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import ReferenceAudioError
+from ..errors import ReferenceAudioError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .codec import AudioEncoder
+    from ..codec import AudioEncoder
 
 log = logging.getLogger(__name__)
 

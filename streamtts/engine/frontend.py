@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import EngineConfig, SamplingParams, load_config
-from .errors import EngineClosedError, OverloadedError
+from ..config import EngineConfig, SamplingParams, load_config
+from ..errors import EngineClosedError, OverloadedError
+from ..request import AudioChunk, StreamOptions, StreamStats
 from .prepare import Preparer, ReferenceLike, Voice
-from .request import AudioChunk, StreamOptions, StreamStats
 from .sink import StreamSink
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class Engine:
                     setattr(cfg, k, v)
             return cls(cfg.validate())
         if config is None:
-            from .demo.model import ensure_demo_model
+            from ..demo.model import ensure_demo_model
 
             config = ensure_demo_model()
             log.info("no config given: using the synthetic demo model at %s", Path(config).parent)
@@ -189,7 +189,7 @@ class Engine:
         return self
 
     def _load(self) -> None:
-        from .runtime import build_runtime
+        from .assemble import build_runtime
 
         rt = build_runtime(self.config, self.backbone_factory)
         self._backbone = rt.backbone
@@ -226,7 +226,7 @@ class Engine:
 
         ``options`` carries every setting; the keyword shortcuts override it.
         Text longer than one generation fits in the context is spoken as
-        segments in one voice (:class:`streamtts.long_text.LongTextStream`);
+        segments in one voice (:class:`streamtts.engine.long_text.LongTextStream`);
         encode a reference clip first (``encode_voice``) to use one there.
         """
         opts = options or StreamOptions()
@@ -237,8 +237,8 @@ class Engine:
 
             opts = msgspec.structs.replace(opts, **changes)
         if isinstance(text, str) and self._preparer is not None and not self._preparer.fits_one_generation(text, reference):
+            from ..text.segmenter import split_text
             from .long_text import LongTextStream
-            from .segmenter import split_text
 
             if len(split_text(text)) > 1:  # one segment that doesn't fit: PromptTooLongError says so
                 return LongTextStream(self, text, reference, opts)

@@ -43,7 +43,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from .errors import StreamTTSError
+from ..errors import StreamTTSError
 
 log = logging.getLogger(__name__)
 

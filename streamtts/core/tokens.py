@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from .errors import ModelFileError
+from ..errors import ModelFileError
 
 FRAME_SAMPLES = 1920  # samples per audio frame at 24 kHz (80 ms)
 

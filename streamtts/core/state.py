@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import SamplingParams
-from .errors import InputError
+from ..config import SamplingParams
+from ..errors import InputError
 from .sampling import (
     AUDIO_STREAM,
     TEXT_STREAM,

@@ -5,7 +5,7 @@ matrix occupies T + K - 1 rows of the multi-channel sequence. These helpers
 convert between the two layouts offline (whole matrices at once): the prompt
 builder lays reference codes out with :func:`delay_layout`, and tests/tools
 recover frames with :func:`de_delay`. The streaming counterpart is
-:class:`streamtts.frames.FrameAssembler`.
+:class:`streamtts.core.frames.FrameAssembler`.
 
 Everything is one fancy-indexing operation; there is no Python loop over
 codebooks.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def _check_2d(a: np.ndarray, name: str) -> None:

@@ -1,0 +1,1 @@
+"""Audio in and out: output formats and resampling, reference-voice loading, playback."""

@@ -1,0 +1,1 @@
+"""Text handling: normalisation (the official rules) and the streaming segmenter."""
