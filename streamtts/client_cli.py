@@ -8,7 +8,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .server.cli import TOKEN_ENV
+from .serve_cli import TOKEN_ENV
 
 
 def add_parser(sub: Any) -> None:

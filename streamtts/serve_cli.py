@@ -9,8 +9,8 @@ import socket
 import sys
 from typing import Any
 
-from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES
-from ..text.segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
+from .engine.segmented import DEFAULT_CONTINUITY_FRAMES
+from .text.segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ TOKEN_ENV = "STREAMTTS_TOKEN"
 
 
 def add_parser(sub: Any) -> None:
-    from ..cli import _add_model_args
+    from .cli import _add_model_args
 
     p: argparse.ArgumentParser = sub.add_parser(
         "serve",
@@ -112,8 +112,8 @@ def add_parser(sub: Any) -> None:
 
 
 def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
-    from .session import SessionSettings
-    from .state import ServerSettings
+    from .server.session import SessionSettings
+    from .server.state import ServerSettings
 
     session = SessionSettings(
         max_message_bytes=args.max_message_bytes,
@@ -146,8 +146,8 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
 async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..engine.frontend import Engine
-    from .app import create_app
+    from .engine.frontend import Engine
+    from .server.app import create_app
 
     if not args.config:
         print("streamtts: no --config given: using the synthetic demo model", file=sys.stderr)
