@@ -19,7 +19,7 @@ import numpy as np
 from streamtts.config import load_config
 from streamtts.core.tokens import load_token_ids
 from streamtts.demo.model import ensure_demo_model
-from streamtts.engine.assemble import find_model_config
+from streamtts.config import find_model_config
 from streamtts.model.backbone import Backbone, BackboneParams
 from streamtts.model.weights import AudioHeads
 

@@ -47,7 +47,8 @@ def _p50(xs: list[float]) -> float:
 
 def prepare(work: Path, shape_name: str, quant: str) -> tuple[Path, Path, float, float]:
     """Model + fused GGUF in ``work`` (reused when already there); (config, fused, s, s)."""
-    from streamtts.model.fused import convert, fused_path_for
+    from streamtts.model.fused import fused_path_for
+    from streamtts.model.fused_convert import convert
 
     marker = work / "random-model.json"
     shape = gpu_model.SHAPES[shape_name]

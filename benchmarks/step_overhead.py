@@ -27,7 +27,8 @@ from streamtts.config import SamplingParams, load_config
 from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
 from streamtts.core.tokens import load_token_ids
 from streamtts.demo.model import ensure_demo_model
-from streamtts.engine.assemble import find_model_config, physical_cores
+from streamtts.config import find_model_config
+from streamtts.model.backbone import physical_cores
 from streamtts.model.backbone import Backbone, BackboneParams
 from streamtts.model.weights import AudioHeads, Embedder
 from streamtts.request import StreamOptions

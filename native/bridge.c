@@ -744,14 +744,6 @@ STT_API int32_t stt_seq_state_set(struct stt_ctx *c, int32_t seq, const uint8_t 
     return STT_OK;
 }
 
-/* Empty the whole KV cache (all sequences). */
-STT_API int32_t stt_memory_clear(struct stt_ctx *c) {
-    if (c == NULL) return STT_E_INVALID;
-    llama_memory_clear(c->mem, true);
-    c->n_out = 0;
-    return STT_OK;
-}
-
 /* ---- getters ------------------------------------------------------------------------------- */
 
 STT_API int32_t stt_n_embd(const struct stt_ctx *c)    { return c ? c->n_embd : STT_E_INVALID; }
@@ -770,14 +762,6 @@ STT_API int32_t stt_has_threadpool(const struct stt_ctx *c) {
 /* Message of the last failed call on this context ("" after a success). */
 STT_API const char *stt_last_error(const struct stt_ctx *c) {
     return c ? c->err : "no context (NULL handle)";
-}
-
-/* The last ERROR line llama.cpp logged in this process (copied into buf); returns 1 if
- * there was one, else 0. */
-STT_API int32_t stt_llama_last_error(char *buf, int32_t len) {
-    if (buf == NULL || len <= 0) return STT_E_INVALID;
-    uint64_t seq = log_error_seq();
-    return log_errors_since(seq > 0 ? seq - 1 : 0, buf, (size_t)len) > 0 ? 1 : 0;
 }
 
 /* llama.cpp / ggml versions and where the source came from. */

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .constants import FRAME_S
+
 log = logging.getLogger(__name__)
 
 
@@ -141,11 +143,11 @@ async def run_level_joining(engine: Any, concurrency: int, frames: int, text: st
             async for c in s:
                 now = time.monotonic()
                 t0 = t0 or now
-                if now > t0 + 0.2 + c.frames.start * 0.08:
+                if now > t0 + 0.2 + c.frames.start * FRAME_S:
                     state["late"] += 1
                 if state["counting"]:
                     state["frames"] += len(c.frames)
-                if now + 1.5 < t0 + c.frames.stop * 0.08:
+                if now + 1.5 < t0 + c.frames.stop * FRAME_S:
                     ready[i].set()
 
     tasks = [asyncio.create_task(background(i)) for i in range(concurrency - 1)]

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from .config import SamplingParams
-from .errors import StreamTTSError
+from .constants import SAMPLE_RATE
+from .errors import PlaybackError, StreamTTSError
 
 log = logging.getLogger("streamtts")
 
@@ -141,12 +140,12 @@ async def _synth(args: argparse.Namespace) -> int:
             print("streamtts: the model produced no audio frames", file=sys.stderr)
             return 1
         out = wav if args.no_loudness else loudness_normalize(wav)
-        sf.write(args.out, out, 24000, subtype="PCM_16" if args.out.endswith(".wav") else None)
+        sf.write(args.out, out, SAMPLE_RATE, subtype="PCM_16" if args.out.endswith(".wav") else None)
         if args.codes_out:
             np.save(args.codes_out, frames.astype(np.int64))
         st = s.stats
         print(
-            f"wrote {args.out}: {frames.shape[0]} frames, {wav.size / 24000:.2f} s "
+            f"wrote {args.out}: {frames.shape[0]} frames, {wav.size / SAMPLE_RATE:.2f} s "
             f"(TTFA {1000 * st.ttfa_s:.0f} ms, RTF {st.rtf:.3f}, {st.finish_reason})"
         )
         if args.profile:
@@ -157,9 +156,10 @@ async def _synth(args: argparse.Namespace) -> int:
 # -- speak ---------------------------------------------------------------------------------------
 async def _speak(args: argparse.Namespace) -> int:
     from .audio import playback as player
+    from .audio.devices import list_devices
 
     if args.list_devices:
-        print(player.list_devices())
+        print(list_devices())
         return 0
     text = sys.stdin.read() if args.text == "-" else args.text
     engine = _engine(args)
@@ -175,7 +175,7 @@ async def _speak(args: argparse.Namespace) -> int:
 
         try:
             report = await player.play(pcm_chunks(), device=args.output_device, save=args.save)
-        except player.PlaybackError as exc:
+        except PlaybackError as exc:
             if not args.save:
                 raise
             # No sound card: still produce the requested file from the same stream.
@@ -184,7 +184,7 @@ async def _speak(args: argparse.Namespace) -> int:
 
             print(f"streamtts: {exc}; writing {args.save} instead", file=sys.stderr)
             pcm = [c async for c in pcm_chunks()]
-            sf.write(args.save, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), 24000)
+            sf.write(args.save, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), SAMPLE_RATE)
             return 0
         print(report.summary(), file=sys.stderr)
         if args.profile:
@@ -266,14 +266,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("streamtts: interrupted", file=sys.stderr)
         return 130
-
-
-def dump_json(obj: Any, path: str | None) -> None:
-    text = json.dumps(obj, indent=2)
-    if path:
-        Path(path).write_text(text + "\n", encoding="utf-8")
-    else:
-        print(text)
 
 
 if __name__ == "__main__":  # pragma: no cover

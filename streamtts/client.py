@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from .audio.formats import AudioFormat, decode_audio, get_format
 from .config import SamplingParams
+from .errors import ServerError
 from .server.protocol import Done, Error, Ready, SegmentInfo
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,7 @@ _SERVER_DECODER: msgspec.json.Decoder[Ready | SegmentInfo | Done | Error] = msgs
 _ENCODER = msgspec.json.Encoder()
 
 
-class ServerError(Exception):
-    """The server refused or ended the session with an error."""
 
-    def __init__(self, code: str, message: str, close_code: int | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.close_code = close_code
 
 
 @dataclass(slots=True)

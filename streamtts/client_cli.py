@@ -8,6 +8,8 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .constants import SAMPLE_RATE
+from .errors import PlaybackError
 from .serve_cli import TOKEN_ENV
 
 
@@ -68,13 +70,13 @@ async def say(args: argparse.Namespace) -> int:
         chunks = client.stream(text)
         try:
             report = await player.play(chunks, device=args.output_device, save=args.save)
-        except player.PlaybackError as exc:
+        except PlaybackError as exc:
             if not args.save:
                 raise
             # No sound card: the player failed before reading the stream, so save it all.
             print(f"streamtts: {exc}; writing {args.save} instead", file=sys.stderr)
             pcm = [c async for c in chunks]
-            sf.write(args.save, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), 24000)
+            sf.write(args.save, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), SAMPLE_RATE)
             return 0
     except ServerError as exc:
         print(f"streamtts: server error: {exc}", file=sys.stderr)

@@ -214,3 +214,17 @@ def load_config(path: str | Path, **overrides: Any) -> EngineConfig:
         raise ConfigError(f"{p}: expected a mapping of config keys, got {type(data).__name__}")
     data.update({k: v for k, v in overrides.items() if v is not None})
     return config_from_dict(data, p.resolve().parent, source=str(p))
+
+
+def find_model_config(cfg: EngineConfig) -> Path | None:
+    """The model's config.json (token ids): explicit key, else next to the weights."""
+    if cfg.model_config_json:
+        return Path(cfg.model_config_json)
+    for base in (cfg.backbone_gguf, cfg.embedding_dir, cfg.tokenizer_dir, cfg.lm_head_dir):
+        if not base:
+            continue
+        p = Path(base)
+        for d in (p.parent, p.parent.parent) if p.suffix else (p, p.parent):
+            if (d / "config.json").is_file():
+                return d / "config.json"
+    return None

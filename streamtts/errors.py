@@ -2,9 +2,30 @@
 
 Every error a user can cause names what was wrong. Errors raised while
 handling another keep the original as ``__cause__`` (``raise ... from exc``).
+
+    StreamTTSError
+    ├── ConfigError (ValueError)         a config value missing, of the wrong type or out of range
+    │   └── ModelFileError               a model file missing or malformed (.path, .expected)
+    ├── DownloadError                    weights could not be fetched
+    ├── NativeLibraryError               the llama.cpp bridge is missing or did not load
+    ├── BackboneError                    llama.cpp returned an error code (.op, .code)
+    ├── CodecError                       the audio codec failed or was given bad codes
+    ├── GenerationError                  one stream's generation failed (cause chained)
+    │   └── NonFiniteLogitsError         a row had nothing finite to sample (.rows)
+    ├── EngineClosedError                the engine is closed or not started
+    ├── OverloadedError                  every slot busy and the queue full
+    │   └── QueueTimeoutError            waited in the queue past its timeout
+    ├── InputError (ValueError)          a request's input is unusable
+    │   ├── PromptTooLongError           text + reference do not fit the context
+    │   └── ReferenceAudioError          a reference clip could not be read or used
+    ├── PlaybackError                    no sound device, PortAudio missing, device failed
+    └── ServerError                      a server refused or ended a client's session (.code)
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 
 class StreamTTSError(Exception):
@@ -32,6 +53,10 @@ class ModelFileError(ConfigError):
         if problem:
             msg += f" ({problem})"
         super().__init__(msg)
+
+
+class DownloadError(StreamTTSError):
+    """The weights could not be fetched (network, hub, missing huggingface_hub)."""
 
 
 class NativeLibraryError(StreamTTSError):
@@ -62,6 +87,18 @@ class GenerationError(StreamTTSError):
     """Generation of one stream failed; the cause is chained."""
 
 
+class NonFiniteLogitsError(GenerationError):
+    """A row had no finite candidate (NaN / +inf logits, or every token masked).
+
+    ``rows`` are the offending rows of the call, as positions in its selection
+    (``DelayStates.step`` re-raises with stream slot numbers).
+    """
+
+    def __init__(self, rows: Sequence[int] | Any, what: str = "rows") -> None:
+        self.rows = tuple(int(r) for r in rows)
+        super().__init__(f"non-finite logits or nothing left to sample in {what} {list(self.rows)}")
+
+
 class EngineClosedError(StreamTTSError):
     """The engine was closed (or never started) when a request arrived."""
 
@@ -87,3 +124,24 @@ class PromptTooLongError(InputError):
 
 class ReferenceAudioError(InputError):
     """A reference voice clip could not be read or is unusable."""
+
+
+# -- applications -------------------------------------------------------------------
+
+
+class PlaybackError(StreamTTSError):
+    """Audio could not be played: no device, PortAudio missing, the device failed, ...
+
+    Errors from opening the device are raised before the chunk iterator is touched, so a caller
+    can catch this and fall back to writing a file.
+    """
+
+
+class ServerError(StreamTTSError):
+    """The server refused or ended the session with an error."""
+
+    def __init__(self, code: str, message: str, close_code: int | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.close_code = close_code

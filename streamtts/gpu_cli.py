@@ -122,7 +122,8 @@ def _load_cfg(path: str | None) -> Any:
 def _convert(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .model.fused import config_line, convert
+    from .model.fused import config_line
+    from .model.fused_convert import convert
 
     cfg = _load_cfg(args.config)
     src = args.gguf or (cfg.backbone_gguf if cfg else "")

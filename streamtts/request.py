@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from .config import SamplingParams
-
-FRAME_RATE = 12.5  # audio frames per second (80 ms each)
+from .constants import FRAME_RATE, FRAME_S
 
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,6 +26,22 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     normalize: bool | None = None
     # Benchmarks only: force exactly this many frames (gen slot until then, then the delay slot).
     fixed_frames: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """An encoded reference voice: (T, n_vq) codes, reusable across requests."""
+
+    codes: np.ndarray
+    name: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return float(self.codes.shape[0]) * FRAME_S
+
+
+# What a request may name as its voice: an encoded Voice, or a clip to encode (path, bytes, samples).
+ReferenceLike = Voice | str | Path | bytes | np.ndarray | None
 
 
 @dataclass(slots=True)

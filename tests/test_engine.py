@@ -13,12 +13,11 @@ import pytest
 
 from streamtts import Engine
 from streamtts.codec import load_decoder
-from streamtts.config import SamplingParams, load_config
+from streamtts.config import SamplingParams, find_model_config, load_config
 from streamtts.core.delay import de_delay, drop_pad_frames
 from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
 from streamtts.core.state import reference_init, reference_step
 from streamtts.core.tokens import load_token_ids
-from streamtts.engine.assemble import find_model_config
 from streamtts.errors import InputError, PromptTooLongError, ReferenceAudioError
 from streamtts.model.backbone import Backbone, BackboneParams
 from streamtts.model.weights import AudioHeads, Embedder

@@ -23,12 +23,12 @@ from streamtts.model import fused, fused_convert
 from streamtts.model.backbone import Backbone, BackboneParams
 from streamtts.model.fused import (
     FUSED_VERSION,
-    convert,
     find_fused_gguf,
     fused_columns,
     fused_path_for,
     read_fused_info,
 )
+from streamtts.model.fused_convert import convert
 from streamtts.model.weights import AudioHeads, Embedder
 from streamtts.request import StreamOptions
 

@@ -59,7 +59,7 @@ def cuda_bridge() -> None:
 
 @pytest.fixture(scope="module")
 def fused16(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from streamtts.model.fused import convert
+    from streamtts.model.fused_convert import convert
 
     gg = demo_model_dir / "MOSS-TTS-GGUF"
     return Path(

@@ -27,20 +27,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamtts.audio.playback as player_mod
-from streamtts.audio.playback import (
+from streamtts.audio.clocked import ClockedOutputStream
+from streamtts.audio.devices import (
     NO_DEVICE_MESSAGE,
-    ClockedOutputStream,
-    PlaybackError,
+    list_devices,
+    resolve_output_device,
+    sounddevice_stream,
+)
+from streamtts.audio.playback import (
     PlaybackReport,
     Player,
     RingBuffer,
     _Playback,
-    list_devices,
     play,
-    resolve_output_device,
-    sounddevice_stream,
 )
-from streamtts.errors import StreamTTSError
+from streamtts.errors import PlaybackError, StreamTTSError
 
 RATE = 24_000
 FRAME = 1920  # samples per codec frame (80 ms)

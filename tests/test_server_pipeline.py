@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from streamtts.config import SamplingParams
-from streamtts.engine.prepare import Voice
 from streamtts.engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -27,7 +26,7 @@ from streamtts.engine.segmented import (
     speak_segments,
 )
 from streamtts.errors import InputError
-from streamtts.request import AudioChunk, StreamOptions, StreamStats
+from streamtts.request import AudioChunk, StreamOptions, StreamStats, Voice
 
 FS = 1920  # samples per frame
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from streamtts.audio.formats import decode_audio, get_format
-from streamtts.engine.prepare import Voice
 from streamtts.errors import (
     CodecError,
     GenerationError,
@@ -18,7 +17,7 @@ from streamtts.errors import (
     PromptTooLongError,
     QueueTimeoutError,
 )
-from streamtts.request import StreamStats
+from streamtts.request import StreamStats, Voice
 from streamtts.server.protocol import CloseCode, ErrorCode, decode_client
 from streamtts.server.session import (
     Abort,

@@ -522,14 +522,3 @@ def test_step_shape_checks_and_empty_batch() -> None:
                 np.zeros((2, K, A), np.float32),
                 no_full,
             )
-
-
-def test_release_makes_slot_idle() -> None:
-    st_ = DelayStates(1, REAL)
-    st_.reset(0, tts_prompt(REAL), SamplingParams(), seed=0)
-    st_.release(0)
-    out = st_.step(
-        np.array([0]), np.zeros((1, 2), np.float32), np.zeros((1, K, A), np.float32), no_full
-    )
-    assert out[0, 0] == REAL.pad and np.all(out[0, 1:] == PAD)
-    assert st_.time_step[0] == 0

@@ -25,9 +25,11 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from ..constants import SAMPLE_RATE
+
 __all__ = [
     "FORMATS",
-    "MODEL_RATE",
+    "SAMPLE_RATE",
     "AudioFormat",
     "StreamEncoder",
     "decode_audio",
@@ -38,7 +40,6 @@ __all__ = [
     "wav_header",
 ]
 
-MODEL_RATE = 24000
 Encoding = Literal["pcm_s16le", "pcm_f32le", "ulaw"]
 Float32Array = npt.NDArray[np.float32]
 
@@ -178,6 +179,42 @@ def wav_header(
     )
 
 
+class StreamResampler:
+    """float32 mono chunks from one rate to another, as one continuous signal.
+
+    ``soxr.ResampleStream`` keeps its filter state across chunks, so chunk edges leave no
+    seams. ``push`` may return fewer samples than it was given (the filter's delay);
+    ``flush`` returns the rest once, at the end. Equal rates pass samples through.
+    """
+
+    def __init__(self, input_rate: int, output_rate: int, quality: str = "HQ") -> None:
+        self.input_rate = input_rate
+        self.output_rate = output_rate
+        self._soxr: Any = None
+        if output_rate != input_rate:
+            import soxr
+
+            self._soxr = soxr.ResampleStream(input_rate, output_rate, 1, dtype="float32", quality=quality)
+        self._flushed = False
+
+    @property
+    def active(self) -> bool:
+        return self._soxr is not None
+
+    def push(self, pcm: npt.ArrayLike) -> Float32Array:
+        x = np.ascontiguousarray(pcm, dtype=np.float32).reshape(-1)
+        if self._soxr is None or x.shape[0] == 0:
+            return x
+        return np.asarray(self._soxr.resample_chunk(x), dtype=np.float32)
+
+    def flush(self) -> Float32Array:
+        """The filter's tail; later calls (and equal rates) return nothing."""
+        if self._soxr is None or self._flushed:
+            return np.zeros(0, np.float32)
+        self._flushed = True
+        return np.asarray(self._soxr.resample_chunk(np.zeros(0, np.float32), last=True), dtype=np.float32)
+
+
 class StreamEncoder:
     """float32 chunks at ``input_rate`` -> bytes of ``fmt``, one continuous stream.
 
@@ -185,37 +222,22 @@ class StreamEncoder:
     delay); ``flush`` returns the rest at the end of the stream.
     """
 
-    def __init__(self, fmt: AudioFormat, input_rate: int = MODEL_RATE, quality: str = "HQ") -> None:
+    def __init__(self, fmt: AudioFormat, input_rate: int = SAMPLE_RATE, quality: str = "HQ") -> None:
         self.format = fmt
         self.input_rate = input_rate
-        self._resampler: Any = None
-        if fmt.sample_rate != input_rate:
-            import soxr
-
-            self._resampler = soxr.ResampleStream(
-                input_rate, fmt.sample_rate, 1, dtype="float32", quality=quality
-            )
+        self._resampler = StreamResampler(input_rate, fmt.sample_rate, quality)
         self.samples_in = 0
         self.samples_out = 0
-        self._flushed = False
 
     def encode(self, pcm: npt.ArrayLike) -> bytes:
         x = np.ascontiguousarray(pcm, dtype=np.float32).reshape(-1)
         self.samples_in += x.shape[0]
-        if self._resampler is not None:
-            if x.shape[0] == 0:
-                return b""
-            x = np.asarray(self._resampler.resample_chunk(x), dtype=np.float32)
+        x = self._resampler.push(x)
         self.samples_out += x.shape[0]
         return _encode_samples(x, self.format) if x.shape[0] else b""
 
     def flush(self) -> bytes:
         """The resampler's tail; call once at the end of the stream (later calls return b"")."""
-        if self._resampler is None or self._flushed:
-            return b""
-        self._flushed = True
-        x = np.asarray(
-            self._resampler.resample_chunk(np.zeros(0, np.float32), last=True), dtype=np.float32
-        )
+        x = self._resampler.flush()
         self.samples_out += x.shape[0]
         return _encode_samples(x, self.format) if x.shape[0] else b""

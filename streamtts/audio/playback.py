@@ -28,42 +28,35 @@ Data path::
 missing, which becomes a :class:`PlaybackError` with a hint instead of a traceback.
 """
 
+
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Protocol, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import StreamTTSError
+from ..constants import SAMPLE_RATE
+from ..errors import PlaybackError
+from .devices import _SAVE_HINT, OutputStreamLike, StreamFactory, sounddevice_stream
+from .formats import StreamResampler
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_PREROLL_MS",
-    "MODEL_SAMPLE_RATE",
-    "ClockedOutputStream",
-    "OutputStreamLike",
-    "PlaybackError",
     "PlaybackReport",
     "Player",
     "RingBuffer",
-    "StreamFactory",
-    "list_devices",
     "play",
-    "resolve_output_device",
-    "sounddevice_stream",
 ]
 
-MODEL_SAMPLE_RATE = 24_000
 DEFAULT_PREROLL_MS = 40.0
 DEFAULT_BUFFER_S = 10.0
 
@@ -74,26 +67,7 @@ _MONITOR_INTERVAL_S = 0.05
 # The device stopped asking for audio this long while we wait on it: treat it as dead.
 _STALL_S = 3.0
 
-_SAVE_HINT = "use --save FILE to write the audio instead"
-NO_DEVICE_MESSAGE = f"no audio output device found (PortAudio reports none); {_SAVE_HINT}"
-NO_PORTAUDIO_MESSAGE = (
-    "audio playback is unavailable: the PortAudio library was not found "
-    f"(Debian/Ubuntu: apt-get install libportaudio2); {_SAVE_HINT}"
-)
-NO_SOUNDDEVICE_MESSAGE = (
-    f"audio playback needs the 'sounddevice' package (pip install 'streamtts[audio]'); {_SAVE_HINT}"
-)
-
 Float32Array = npt.NDArray[np.float32]
-AudioCallback = Callable[[Float32Array, int, Any, Any], None]
-
-
-class PlaybackError(StreamTTSError):
-    """Audio could not be played: no device, PortAudio missing, the device failed, ...
-
-    Errors from opening the device are raised before the chunk iterator is touched, so a caller
-    can catch this and fall back to writing a file.
-    """
 
 
 # -- ring buffer ----------------------------------------------------------------------
@@ -174,357 +148,6 @@ class RingBuffer:
     def close(self) -> None:
         """Mark the end of the stream (the producer will write no more)."""
         self._finished = True
-
-
-# -- output streams -------------------------------------------------------------------
-
-
-class OutputStreamLike(Protocol):
-    """The part of ``sounddevice.OutputStream`` the Player uses."""
-
-    @property
-    def samplerate(self) -> float: ...
-
-    @property
-    def latency(self) -> float: ...
-
-    @property
-    def active(self) -> bool: ...
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def abort(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class StreamFactory(Protocol):
-    """Opens a mono float32 output stream that pulls audio through ``callback``.
-
-    ``samplerate`` is the rate the Player would like; the stream's ``samplerate`` attribute is the
-    rate it actually runs at (a device that refuses 24 kHz runs at its own rate and the Player
-    resamples). ``blocksize`` 0 lets the device choose.
-    """
-
-    def __call__(
-        self,
-        *,
-        samplerate: int,
-        blocksize: int,
-        device: int | str | None,
-        callback: AudioCallback,
-    ) -> OutputStreamLike: ...
-
-
-class _TimeInfo:
-    """What PortAudio passes as ``time`` to the callback (seconds on the stream's clock)."""
-
-    __slots__ = ("currentTime", "inputBufferAdcTime", "outputBufferDacTime")
-
-    def __init__(self, now: float, dac: float) -> None:
-        self.currentTime = now
-        self.outputBufferDacTime = dac
-        self.inputBufferAdcTime = 0.0
-
-
-class _Status:
-    """Stand-in for ``sounddevice.CallbackFlags`` (only the output flags)."""
-
-    __slots__ = ("output_overflow", "output_underflow", "priming_output")
-
-    def __init__(self, output_underflow: bool = False) -> None:
-        self.output_underflow = output_underflow
-        self.output_overflow = False
-        self.priming_output = False
-
-    def __bool__(self) -> bool:
-        return self.output_underflow
-
-
-class ClockedOutputStream:
-    """A sound card stand-in for headless tests: only the device is fake.
-
-    Mimics ``sounddevice.OutputStream``: ``callback(outdata, frames, time, status)`` is called from
-    its own thread every ``blocksize`` frames, paced by the wall clock so that samples are consumed
-    at ``samplerate`` per second, exactly like a real device pulls them. Every block the callback
-    produced is recorded (:meth:`recording`). ``outdata`` is pre-filled with NaN so a callback that
-    leaves samples unwritten shows up in the recording.
-
-    ``device_rate`` makes it behave like a device that refuses the requested rate and runs at its
-    own (e.g. 48000). If the pacing thread falls more than a block behind (an overloaded machine),
-    it re-syncs instead of bursting and flags ``output_underflow`` as PortAudio would.
-    """
-
-    def __init__(
-        self,
-        *,
-        samplerate: int,
-        blocksize: int = 0,
-        device: int | str | None = None,
-        callback: AudioCallback,
-        channels: int = 1,
-        dtype: str = "float32",
-        device_rate: int | None = None,
-        block_ms: float = 20.0,
-        latency: float = 0.0,
-    ) -> None:
-        if channels != 1 or dtype != "float32":
-            raise ValueError("ClockedOutputStream plays mono float32 only")
-        rate = device_rate if device_rate is not None else samplerate
-        self._samplerate = float(rate)
-        self.blocksize = blocksize if blocksize > 0 else max(1, round(rate * block_ms / 1000.0))
-        self.device = device
-        self._latency = latency
-        self._callback = callback
-        self._blocks: list[Float32Array] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.closed = False
-        self.callbacks = 0
-        self.late_blocks = 0
-        self.error: BaseException | None = None
-
-    @property
-    def samplerate(self) -> float:
-        return self._samplerate
-
-    @property
-    def latency(self) -> float:
-        return self._latency
-
-    @property
-    def active(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        if self.closed:
-            raise RuntimeError("stream is closed")
-        if self.active:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="clocked-output", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def abort(self) -> None:
-        self.stop()
-
-    def close(self) -> None:
-        self.stop()
-        self.closed = True
-
-    def __enter__(self) -> ClockedOutputStream:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-        self.close()
-
-    def recording(self) -> Float32Array:
-        """Everything the callback produced, in order (1-D)."""
-        blocks = list(self._blocks)  # the pacing thread may still append
-        if not blocks:
-            return np.zeros(0, dtype=np.float32)
-        return np.concatenate(blocks)[:, 0]
-
-    def _run(self) -> None:
-        period = self.blocksize / self._samplerate
-        next_t = time.monotonic()
-        underflow = False
-        while not self._stop.is_set():
-            out = np.full((self.blocksize, 1), np.nan, dtype=np.float32)
-            now = time.monotonic()
-            try:
-                self._callback(
-                    out, self.blocksize, _TimeInfo(now, now + self._latency), _Status(underflow)
-                )
-            except BaseException as exc:  # PortAudio aborts the stream when the callback raises
-                self.error = exc
-                log.error("output callback raised; stream aborted", exc_info=exc)
-                return
-            self._blocks.append(out)
-            self.callbacks += 1
-            underflow = False
-            next_t += period
-            delay = next_t - time.monotonic()
-            if delay < -period:  # fell behind: a device would have played silence; re-sync
-                self.late_blocks += 1
-                underflow = True
-                next_t = time.monotonic()
-            elif delay > 0:
-                self._stop.wait(delay)
-
-
-# -- sounddevice (lazy) ---------------------------------------------------------------
-
-
-def _load_sounddevice() -> Any:
-    """Import sounddevice, turning every way it can fail into a PlaybackError."""
-    try:
-        import sounddevice
-    except OSError as exc:  # raised at import when libportaudio is missing
-        raise PlaybackError(NO_PORTAUDIO_MESSAGE) from exc
-    except ImportError as exc:
-        raise PlaybackError(NO_SOUNDDEVICE_MESSAGE) from exc
-    except Exception as exc:  # e.g. PortAudioError from Pa_Initialize
-        raise PlaybackError(f"PortAudio failed to initialise: {exc}; {_SAVE_HINT}") from exc
-    return sounddevice
-
-
-def _all_devices(sd: Any) -> list[dict[str, Any]]:
-    try:
-        return [dict(d) for d in sd.query_devices()]
-    except Exception as exc:  # PortAudioError; sounddevice has no narrower base
-        raise PlaybackError(f"cannot list audio devices: {exc}; {_SAVE_HINT}") from exc
-
-
-def _default_output_index(sd: Any) -> int:
-    try:
-        return int(sd.default.device[1])
-    except Exception:  # no default (PortAudio returns -1, some setups raise)
-        return -1
-
-
-def _hostapi_names(sd: Any) -> list[str]:
-    try:
-        return [str(h["name"]) for h in sd.query_hostapis()]
-    except Exception:  # only used for display
-        return []
-
-
-def _device_table(sd: Any, devices: list[dict[str, Any]]) -> str:
-    outputs = [d for d in devices if d["max_output_channels"] > 0]
-    if not outputs:
-        return "no audio output devices found (PortAudio reports none)"
-    default = _default_output_index(sd)
-    apis = _hostapi_names(sd)
-    rows = [("", "index", "name", "host API", "channels", "rate")]
-    for d in outputs:
-        api = d.get("hostapi", -1)
-        rows.append(
-            (
-                "*" if d["index"] == default else "",
-                str(d["index"]),
-                str(d["name"]),
-                apis[api] if 0 <= api < len(apis) else "",
-                str(d["max_output_channels"]),
-                f"{float(d['default_samplerate']):.0f}",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines + ["(* = default output device)"])
-
-
-def list_devices() -> str:
-    """A readable table of the output devices PortAudio reports (``*`` marks the default)."""
-    sd = _load_sounddevice()
-    return _device_table(sd, _all_devices(sd))
-
-
-def _resolve(sd: Any, spec: int | str | None) -> dict[str, Any]:
-    devices = _all_devices(sd)
-    outputs = [d for d in devices if d["max_output_channels"] > 0]
-    if not outputs:
-        raise PlaybackError(NO_DEVICE_MESSAGE)
-    if isinstance(spec, str):
-        spec = spec.strip()
-        if spec.isdigit():
-            spec = int(spec)
-        elif not spec:
-            spec = None
-    if spec is None:
-        default = _default_output_index(sd)
-        for d in outputs:
-            if d["index"] == default:
-                return d
-        log.info("no default output device; using %r", outputs[0]["name"])
-        return outputs[0]
-    if isinstance(spec, int):
-        for d in devices:
-            if d["index"] == spec:
-                if d["max_output_channels"] < 1:
-                    raise PlaybackError(
-                        f"audio device {spec} ({d['name']!r}) has no output channels; "
-                        f"output devices:\n{_device_table(sd, devices)}"
-                    )
-                return d
-        raise PlaybackError(
-            f"no audio device with index {spec}; output devices:\n{_device_table(sd, devices)}"
-        )
-    needle = spec.lower()
-    matches = [d for d in outputs if needle in str(d["name"]).lower()]
-    exact = [d for d in matches if str(d["name"]).lower() == needle]
-    if len(matches) == 1 or len(exact) == 1:
-        return (exact or matches)[0]
-    if not matches:
-        raise PlaybackError(
-            f"no audio output device matches {spec!r}; output devices:\n{_device_table(sd, devices)}"
-        )
-    names = ", ".join(f"{d['index']}: {d['name']!r}" for d in matches)
-    raise PlaybackError(f"{spec!r} matches several output devices ({names}); give the index")
-
-
-def resolve_output_device(spec: int | str | None) -> int:
-    """The PortAudio index of the output device ``spec`` names.
-
-    ``spec``: None (the default device), an index (int or digit string) or a case-insensitive
-    substring of the device name. Raises :class:`PlaybackError` when there is no output device or
-    the spec matches none / several.
-    """
-    return int(_resolve(_load_sounddevice(), spec)["index"])
-
-
-def sounddevice_stream(
-    *,
-    samplerate: int,
-    blocksize: int,
-    device: int | str | None,
-    callback: AudioCallback,
-) -> OutputStreamLike:
-    """The real :class:`StreamFactory`: a ``sounddevice.OutputStream`` (mono, float32).
-
-    Asks for ``samplerate``; a device that refuses it is opened at its default rate instead (the
-    Player then resamples).
-    """
-    sd = _load_sounddevice()
-    info = _resolve(sd, device)
-    index, name = int(info["index"]), str(info["name"])
-    rate = samplerate
-    try:
-        sd.check_output_settings(device=index, channels=1, dtype="float32", samplerate=samplerate)
-    except Exception as exc:  # PortAudioError / ValueError: rate (or format) refused
-        rate = int(round(float(info["default_samplerate"])))
-        log.info(
-            "%r refuses %d Hz (%s); playing at %d Hz with resampling", name, samplerate, exc, rate
-        )
-    try:
-        stream = sd.OutputStream(
-            samplerate=rate,
-            blocksize=blocksize,
-            device=index,
-            channels=1,
-            dtype="float32",
-            callback=callback,
-        )
-    except Exception as exc:  # PortAudioError, ValueError, ...: all mean "cannot open"
-        raise PlaybackError(
-            f"cannot open audio output device {index} ({name!r}) at {rate} Hz: {exc}; {_SAVE_HINT}"
-        ) from exc
-    log.debug("opened %r at %d Hz, latency %.3f s", name, rate, stream.latency)
-    return cast(OutputStreamLike, stream)
 
 
 # -- playback -------------------------------------------------------------------------
@@ -710,7 +333,7 @@ class Player:
         device: int | str | None = None,
         preroll_ms: float = DEFAULT_PREROLL_MS,
         buffer_s: float = DEFAULT_BUFFER_S,
-        samplerate: int = MODEL_SAMPLE_RATE,
+        samplerate: int = SAMPLE_RATE,
         blocksize: int = 0,
         stream_factory: StreamFactory | None = None,
     ) -> None:
@@ -794,31 +417,23 @@ class Player:
         log.info("playback: %s", report.summary())
         return report
 
-    def _resampler(self, device_rate: int) -> Any:
-        if device_rate == self.samplerate:
-            return None
-        import soxr
-
-        log.info("resampling %d Hz -> %d Hz for the output device", self.samplerate, device_rate)
-        # A streaming resampler keeps its filter state across chunks: no seams at chunk edges.
-        return soxr.ResampleStream(self.samplerate, device_rate, 1, dtype="float32", quality="HQ")
+    def _resampler(self, device_rate: int) -> StreamResampler:
+        if device_rate != self.samplerate:
+            log.info("resampling %d Hz -> %d Hz for the output device", self.samplerate, device_rate)
+        return StreamResampler(self.samplerate, device_rate)
 
     async def _feed(
         self,
         chunks: AsyncIterable[npt.ArrayLike],
         pb: _Playback,
         stream: OutputStreamLike,
-        resampler: Any,
+        resampler: StreamResampler,
     ) -> None:
         async for chunk in chunks:
-            pcm = _as_mono(chunk)
-            if resampler is not None:
-                pcm = resampler.resample_chunk(pcm)
-            await _write_all(pcm, pb, stream)
-        if resampler is not None:
-            await _write_all(
-                resampler.resample_chunk(np.zeros(0, np.float32), last=True), pb, stream
-            )
+            await _write_all(resampler.push(_as_mono(chunk)), pb, stream)
+        tail = resampler.flush()
+        if tail.shape[0]:
+            await _write_all(tail, pb, stream)
         pb.ring.close()
 
 

@@ -21,19 +21,19 @@ from __future__ import annotations
 import io
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from ..constants import FRAME_SAMPLES, SAMPLE_RATE
 from ..errors import ReferenceAudioError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..codec import AudioEncoder
+
+class _Encoder(Protocol):  # what codec.AudioEncoder offers; audio/ sits beside codec/, not above it
+    def encode(self, wav: np.ndarray) -> np.ndarray: ...
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24000
-FRAME_SAMPLES = 1920
 MIN_REFERENCE_S = 0.5
 MAX_REFERENCE_S = 30.0
 MAX_CHANNELS = 8
@@ -184,7 +184,7 @@ def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> n
     return np.ascontiguousarray(wav, dtype=np.float32)
 
 
-def encode_reference(encoder: AudioEncoder, wav: np.ndarray) -> np.ndarray:
+def encode_reference(encoder: _Encoder, wav: np.ndarray) -> np.ndarray:
     """Encode a :func:`load_reference` waveform -> (T, 32) int64 codes, T = len(wav) / 1920."""
     if wav.ndim != 1 or wav.shape[0] == 0 or wav.shape[0] % FRAME_SAMPLES:
         raise ReferenceAudioError(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ
 from ..errors import CodecError, ConfigError, ModelFileError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,9 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-N_VQ = 32
-AUDIO_VOCAB = 1024  # valid codes are [0, 1024); 1024 is the pad code
-FRAME_SAMPLES = 1920
 MAX_BATCH = 32  # the published decoder's batch limit
 
 _DECODER_EXPECTED = (

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..constants import FRAME_SAMPLES, N_VQ
 from ..errors import CodecError
 from .onnx import (
-    FRAME_SAMPLES,
     MAX_BATCH,
-    N_VQ,
     _import_ort,
     check_codes,
     decoder_session,

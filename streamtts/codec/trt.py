@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ, SAMPLE_RATE
 from ..errors import CodecError, ConfigError, ModelFileError
-from .onnx import AUDIO_VOCAB, check_codes
+from .onnx import check_codes
 from .trt_plan import (
-    FRAME_SAMPLES,
-    N_VQ,
     BufferPlan,
     IOTensor,
     Kind,
@@ -217,8 +216,8 @@ class TrtEncoder(_TrtCodec):
         t = n // FRAME_SAMPLES
         if t > self.max_frames:
             raise CodecError(
-                f"reference clip of {n / 24000:.1f} s is longer than the TensorRT encoder accepts "
-                f"({self.max_frames * FRAME_SAMPLES / 24000:.1f} s): trim it or rebuild the engine"
+                f"reference clip of {n / SAMPLE_RATE:.1f} s is longer than the TensorRT encoder accepts "
+                f"({self.max_frames * FRAME_SAMPLES / SAMPLE_RATE:.1f} s): trim it or rebuild the engine"
             )
         with self._lock:
             codes, lengths = self._run(wav.reshape(1, 1, n), 1, t)

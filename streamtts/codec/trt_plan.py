@@ -22,8 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-N_VQ = 32
-FRAME_SAMPLES = 1920
+from ..constants import FRAME_SAMPLES, N_VQ, SAMPLE_RATE
 
 Kind = Literal["decoder", "encoder"]
 
@@ -119,8 +118,8 @@ def streaming_profiles(
 
 def reference_profiles(max_seconds: float, opt_seconds: float = 8.0) -> list[ProfileShape]:
     """Encoder profile for reference clips (batch 1, as the official build)."""
-    t_max = max(1, int(np.ceil(max_seconds * 24000 / FRAME_SAMPLES)))
-    t_opt = min(t_max, max(1, int(np.ceil(opt_seconds * 24000 / FRAME_SAMPLES))))
+    t_max = max(1, int(np.ceil(max_seconds * SAMPLE_RATE / FRAME_SAMPLES)))
+    t_opt = min(t_max, max(1, int(np.ceil(opt_seconds * SAMPLE_RATE / FRAME_SAMPLES))))
     return [ProfileShape((1, 1, 1), (1, t_opt, t_max))]
 
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import GenerationError
+from ..errors import NonFiniteLogitsError
 
 TEXT_STREAM = 0
 """``counter_uniforms`` stream for the text channel."""
@@ -47,18 +47,6 @@ _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _STREAM_SALT = 0x632BE59BD9B4E019
 _INV_2_53 = 1.0 / float(1 << 53)
-
-
-class NonFiniteLogitsError(GenerationError):
-    """A row had no finite candidate (NaN / +inf logits, or every token masked).
-
-    ``rows`` are the offending rows of the call, as positions in its selection
-    (``DelayStates.step`` re-raises with stream slot numbers).
-    """
-
-    def __init__(self, rows: Sequence[int] | np.ndarray, what: str = "rows") -> None:
-        self.rows = tuple(int(r) for r in rows)
-        super().__init__(f"non-finite logits or nothing left to sample in {what} {list(self.rows)}")
 
 
 # -- counter-based RNG -----------------------------------------------------------------

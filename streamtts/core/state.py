@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import SamplingParams
-from ..errors import InputError
+from ..errors import InputError, NonFiniteLogitsError
 from .sampling import (
     AUDIO_STREAM,
     TEXT_STREAM,
-    NonFiniteLogitsError,
     SamplerWorkspace,
     counter_uniforms,
     sample_rows,
@@ -149,11 +148,6 @@ class DelayStates:
         seen = self.seen[slot]
         seen[...] = False
         seen[self._k[None, :], p[:, 1:]] = True
-
-    def release(self, slot: int) -> None:
-        """Mark ``slot`` idle: a step over it yields padding and changes nothing."""
-        self.is_stopping[slot] = True
-        self.audio_ended[slot] = False
 
     # -- the step ---------------------------------------------------------------------
 

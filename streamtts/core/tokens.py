@@ -11,9 +11,8 @@ from pathlib import Path
 
 import msgspec
 
+from ..constants import SAMPLE_RATE
 from ..errors import ModelFileError
-
-FRAME_SAMPLES = 1920  # samples per audio frame at 24 kHz (80 ms)
 
 
 class TokenIds(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,7 +27,7 @@ class TokenIds(msgspec.Struct, frozen=True, kw_only=True):
     audio_assistant_delay_slot_token_id: int = 151662
     audio_pad_code: int = 1024
     audio_vocab_size: int = 1024
-    sampling_rate: int = 24000
+    sampling_rate: int = SAMPLE_RATE
 
     # Short aliases used throughout the engine.
     @property

@@ -45,13 +45,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ, SAMPLE_RATE
+
 if TYPE_CHECKING:  # pragma: no cover
     from onnx import GraphProto, ModelProto, NodeProto
 
-FRAME_SAMPLES = 1920
-SAMPLE_RATE = 24000
-N_VQ = 32
-AUDIO_VOCAB = 1024
 
 #: Frames of codes that the samples of one output frame depend on (t-R+1 .. t).
 DEMO_DECODER_RECEPTIVE_FRAMES = 4

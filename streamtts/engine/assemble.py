@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import EngineConfig
+from ..config import EngineConfig, find_model_config
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, ModelFileError
 from .core import EngineCore
@@ -31,20 +30,6 @@ class Runtime:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def find_model_config(cfg: EngineConfig) -> Path | None:
-    """The model's config.json (token ids): explicit key, else next to the weights."""
-    if cfg.model_config_json:
-        return Path(cfg.model_config_json)
-    for base in (cfg.backbone_gguf, cfg.embedding_dir, cfg.tokenizer_dir, cfg.lm_head_dir):
-        if not base:
-            continue
-        p = Path(base)
-        for d in (p.parent, p.parent.parent) if p.suffix else (p, p.parent):
-            if (d / "config.json").is_file():
-                return d / "config.json"
-    return None
-
-
 def _require(cfg: EngineConfig, key: str, kind: str) -> str:
     value = getattr(cfg, key)
     if not value:
@@ -53,23 +38,6 @@ def _require(cfg: EngineConfig, key: str, kind: str) -> str:
     if not p.exists():
         raise ModelFileError(p, kind, f"set by {key!r}, not found")
     return str(p)
-
-
-def physical_cores() -> int:
-    n = os.cpu_count() or 1
-    try:  # count unique (core, socket) pairs on Linux
-        cores: set[tuple[str, str]] = set()
-        phys = core = ""
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("physical id"):
-                    phys = line.split(":")[1].strip()
-                elif line.startswith("core id"):
-                    core = line.split(":")[1].strip()
-                    cores.add((phys, core))
-        return max(1, len(cores)) if cores else n
-    except OSError:
-        return n
 
 
 def gguf_hparams(path: Path) -> dict[str, int]:
@@ -115,7 +83,8 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
 
     from ..codec import load_decoder, load_encoder
     from ..core.prompt import HFTokenizer
-    from ..model.backbone import Backbone, BackboneParams
+    from ..model import _llama
+    from ..model.backbone import Backbone, BackboneParams, physical_cores
     from ..model.weights import AudioHeads, Embedder
 
     if cfg.audio_backend == "torch":
@@ -153,6 +122,8 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         flash_attn=str(cfg.flash_attn).lower(),
     )
     tokenizer = HFTokenizer(cfg.tokenizer_dir)
+    if cfg.log_llama and backbone_factory is None:
+        _llama.set_llama_log(True)
     backbone = (backbone_factory or Backbone)(params)
     try:
         cols = [ids.gen_slot, ids.delay_slot]

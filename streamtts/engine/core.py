@@ -24,18 +24,18 @@ from typing import Protocol
 import numpy as np
 
 from ..config import EngineConfig
+from ..constants import FRAME_S
 from ..core.frames import FrameAssembler
 from ..core.state import DelayStates
 from ..core.tokens import TokenIds
 from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
 from ..model.weights import AudioHeads, Embedder
-from ..request import FRAME_RATE, PreparedRequest
+from ..request import PreparedRequest
 from .decoding import DecodeJob, DecodeWorker
 from .prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
-FRAME_S = 1.0 / FRAME_RATE
 _NEG_INF = np.float32(-np.inf)
 
 

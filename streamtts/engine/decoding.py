@@ -21,13 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codec import AudioDecoder
+from ..constants import FRAME_SAMPLES
 from ..errors import CodecError
 from ..request import AudioChunk
 from .sink import StreamSink
 
 log = logging.getLogger(__name__)
 
-FRAME_SAMPLES = 1920
 
 
 @dataclass(slots=True)

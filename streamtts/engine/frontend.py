@@ -22,8 +22,8 @@ import numpy as np
 
 from ..config import EngineConfig, SamplingParams, load_config
 from ..errors import EngineClosedError, OverloadedError
-from ..request import AudioChunk, StreamOptions, StreamStats
-from .prepare import Preparer, ReferenceLike, Voice
+from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
+from .prepare import Preparer
 from .sink import StreamSink
 
 if TYPE_CHECKING:

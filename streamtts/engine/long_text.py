@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..request import AudioChunk, StreamOptions, StreamStats
+from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
 from ..text.segmenter import split_text
-from .prepare import ReferenceLike, Voice
 from .segmented import SegmentAudio, SegmentDone, speak_segments
 
 

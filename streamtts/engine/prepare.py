@@ -12,7 +12,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,12 @@ import numpy as np
 from ..audio.reference import encode_reference, load_reference
 from ..codec import AudioEncoder
 from ..config import EngineConfig
+from ..constants import FRAME_S
 from ..core.prompt import PromptSpec, TextTokenizer, build_prompt_ex
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.weights import Embedder
-from ..request import PreparedRequest, StreamOptions, StreamStats
+from ..request import PreparedRequest, ReferenceLike, StreamOptions, StreamStats, Voice
 from ..text.normalize import normalize_text
 from .prefix_cache import prefix_key
 
@@ -34,19 +34,6 @@ log = logging.getLogger(__name__)
 MAX_TEXT_CHARS = 20000
 
 
-@dataclass(frozen=True, slots=True)
-class Voice:
-    """An encoded reference voice: (T, n_vq) codes, reusable across requests."""
-
-    codes: np.ndarray
-    name: str = ""
-
-    @property
-    def seconds(self) -> float:
-        return float(self.codes.shape[0]) * 0.08
-
-
-ReferenceLike = Voice | str | Path | bytes | np.ndarray | None
 
 
 class Preparer:
@@ -143,7 +130,7 @@ class Preparer:
         rows = prompt.shape[0]
         room = self.n_ctx_seq - rows + 1  # steps that fit after the prompt
         if room < self.ids.n_vq:
-            ref_s = f", reference voice {ref.shape[0] * 0.08:.1f} s" if ref is not None else ""
+            ref_s = f", reference voice {ref.shape[0] * FRAME_S:.1f} s" if ref is not None else ""
             raise PromptTooLongError(
                 f"prompt is {rows} rows (text {len(clean)} chars{ref_s}); the first audio frame needs "
                 f"{self.ids.n_vq} more steps, but the per-stream context n_ctx is {self.n_ctx_seq}: "

@@ -50,8 +50,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ..request import AudioChunk, StreamOptions, StreamStats
-from .prepare import Voice
+from ..constants import SAMPLE_RATE
+from ..request import AudioChunk, StreamOptions, StreamStats, Voice
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,6 @@ __all__ = [
     "speak_segments",
 ]
 
-SAMPLE_RATE = 24000
-FRAME_SAMPLES = 1920
 DEFAULT_FADE_MS = 5.0
 DEFAULT_CONTINUITY_FRAMES = 16  # the first 1.28 s of the first segment become the voice of the rest
 _SEED_MASK = (1 << 63) - 1

@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ..constants import SAMPLE_RATE
 from ..request import AudioChunk, StreamStats
-
-SAMPLE_RATE = 24000
 
 _Item = AudioChunk | BaseException | None  # None = end of stream
 

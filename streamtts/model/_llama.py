@@ -144,8 +144,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_seq_state_get", c_int32, [c_void_p, c_int32, c_void_p, c_uint64, P(c_uint64)])
     # int32_t stt_seq_state_set(stt_ctx *c, int32_t seq, const uint8_t *src, uint64_t size);
     fn("stt_seq_state_set", c_int32, [c_void_p, c_int32, c_void_p, c_uint64])
-    # int32_t stt_memory_clear(stt_ctx *c);
-    fn("stt_memory_clear", c_int32, [c_void_p])
     # int32_t stt_n_embd(const stt_ctx *c);   (and n_vocab, n_ctx, n_ctx_seq, n_seq_max,
     #                                           n_batch, n_threads, has_threadpool alike)
     for getter in (
@@ -161,8 +159,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn(getter, c_int32, [c_void_p])
     # const char *stt_last_error(const stt_ctx *c);
     fn("stt_last_error", c_char_p, [c_void_p])
-    # int32_t stt_llama_last_error(char *buf, int32_t len);
-    fn("stt_llama_last_error", c_int32, [c_char_p, c_int32])
     # const char *stt_version(void);
     fn("stt_version", c_char_p, [])
     # void stt_set_log_forward(int32_t level);
@@ -270,10 +266,3 @@ def set_llama_log(on: bool, debug: bool = False) -> None:
     """Forward llama.cpp's own log lines (INFO and above; with debug, DEBUG too) to stderr
     (config ``log_llama``). The default comes from ``STREAMTTS_LLAMA_LOG=1`` (or 2)."""
     load_bridge().stt_set_log_forward(2 if on and debug else int(on))
-
-
-def llama_last_error() -> str:
-    """Last ERROR line llama.cpp logged in this process ('' if none)."""
-    buf = ctypes.create_string_buffer(1024)
-    load_bridge().stt_llama_last_error(buf, len(buf))
-    return buf.value.decode("utf-8", "replace")

@@ -471,12 +471,6 @@ class Backbone:
         if rc < 0:
             self._raise("load_seq_state", rc)
 
-    def memory_clear(self) -> None:
-        """Empty the whole KV cache (every sequence)."""
-        rc = self._lib.stt_memory_clear(self._check_open("memory_clear"))
-        if rc < 0:
-            self._raise("memory_clear", rc)
-
     # -- validation helpers --------------------------------------------------------------------
 
     def _check_rows(
@@ -554,8 +548,3 @@ def _describe(a: object) -> str:
         flags = "" if a.flags.c_contiguous else ", not contiguous"
         return f"{a.dtype} array of shape {a.shape}{flags}"
     return type(a).__name__
-
-
-def llama_version() -> str:
-    """llama.cpp version string of the loaded bridge."""
-    return _llama.bridge_version()

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..core.tokens import TokenIds, load_token_ids
-from ..errors import ConfigError, ModelFileError, StreamTTSError
+from ..errors import ConfigError, DownloadError, ModelFileError, StreamTTSError
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,6 @@ GGUF_DIR = "MOSS-TTS-GGUF"
 CODEC_DIR = "MOSS-Audio-Tokenizer-ONNX"
 CONFIG_NAME = "streamtts.yaml"
 QUANTS = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
-
-
-class DownloadError(StreamTTSError):
-    """The weights could not be fetched (network, hub, missing huggingface_hub)."""
 
 
 def gguf_name(quant: str) -> str:
@@ -385,7 +381,7 @@ def download(
     rep.raise_if_bad()
     fused_path = None
     if fuse:
-        from .fused import convert
+        from .fused_convert import convert
 
         info = convert(base / GGUF_DIR / gguf_name(quant), base / GGUF_DIR / "lm_heads")
         fused_path = Path(info.path)

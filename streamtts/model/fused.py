@@ -305,16 +305,6 @@ def _warn_if_stale(path: Path, cfg: EngineConfig) -> None:
         log.warning("fused_gguf %s: %s (using it anyway, as configured)", path, stale)
 
 
-# -- writing (streamtts/fused_convert.py) ---------------------------------------------------
-
-
-def convert(*args: Any, **kwargs: Any) -> FusedInfo:
-    """Write a fused-heads GGUF: :func:`streamtts.model.fused_convert.convert` (imported on use)."""
-    from .fused_convert import convert as _convert
-
-    return _convert(*args, **kwargs)
-
-
 def config_line(
     path: str | os.PathLike[str], backbone_gguf: str | os.PathLike[str] | None = None
 ) -> str:

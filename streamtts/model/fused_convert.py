@@ -159,7 +159,7 @@ def _resolve_heads(heads: str | os.PathLike[str] | EngineConfig) -> tuple[Path, 
     from ..core.tokens import load_token_ids
 
     if isinstance(heads, EngineConfig):
-        from ..engine.assemble import find_model_config
+        from ..config import find_model_config
 
         if not heads.lm_head_dir:
             raise ConfigError("the config has no lm_head_dir: the fused GGUF needs the audio heads")

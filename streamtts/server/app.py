@@ -35,8 +35,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from ..engine.prepare import Voice
 from ..errors import ReferenceAudioError, StreamTTSError
+from ..request import Voice
 from .metrics import CONTENT_TYPE
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint

@@ -12,6 +12,16 @@ from typing import Any
 import msgspec
 
 from ..config import SamplingParams
+from ..errors import (
+    CodecError,
+    ConfigError,
+    EngineClosedError,
+    GenerationError,
+    InputError,
+    OverloadedError,
+    PromptTooLongError,
+    QueueTimeoutError,
+)
 
 __all__ = [
     "DECODER",
@@ -218,3 +228,36 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> Error:
 def encode(msg: ServerMessage) -> str:
     """A server message as JSON text (text frames carry ``str``)."""
     return ENCODER.encode(msg).decode("utf-8")
+
+
+# -- shared by the WebSocket session and the HTTP speech endpoint ---------------------------
+
+
+def request_limits(max_new_tokens: int | None, seed: int | None, cap: int | None) -> int | None:
+    """Check a client's ``max_new_tokens`` and ``seed``; the token limit after the server cap."""
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if seed is not None and not (0 <= seed < 1 << 63):
+        raise InputError(f"seed must be in [0, 2**63), got {seed}")
+    if cap is not None:
+        return cap if max_new_tokens is None else min(max_new_tokens, cap)
+    return max_new_tokens
+
+
+def error_for_exception(exc: BaseException) -> tuple[str, bool, int]:
+    """(error code, fatal, close code) for an error raised by the engine."""
+    if isinstance(exc, PromptTooLongError):
+        return ErrorCode.PROMPT_TOO_LONG, False, CloseCode.NORMAL
+    if isinstance(exc, (InputError, ConfigError)):
+        return ErrorCode.INVALID_TEXT, False, CloseCode.NORMAL
+    if isinstance(exc, QueueTimeoutError):
+        return ErrorCode.QUEUE_TIMEOUT, True, CloseCode.TRY_AGAIN_LATER
+    if isinstance(exc, OverloadedError):
+        return ErrorCode.OVERLOADED, True, CloseCode.TRY_AGAIN_LATER
+    if isinstance(exc, EngineClosedError):
+        return ErrorCode.SERVER_SHUTDOWN, True, CloseCode.GOING_AWAY
+    if isinstance(exc, CodecError):
+        return ErrorCode.CODEC_ERROR, True, CloseCode.INTERNAL
+    if isinstance(exc, GenerationError):
+        return ErrorCode.GENERATION_FAILED, True, CloseCode.INTERNAL
+    return ErrorCode.INTERNAL_ERROR, True, CloseCode.INTERNAL

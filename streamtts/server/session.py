@@ -33,18 +33,11 @@ import numpy.typing as npt
 
 from ..audio.formats import AudioFormat, StreamEncoder, get_format
 from ..config import SamplingParams
-from ..engine.prepare import Voice
+from ..constants import FRAME_RATE
 from ..errors import (
-    CodecError,
     ConfigError,
-    EngineClosedError,
-    GenerationError,
-    InputError,
-    OverloadedError,
-    PromptTooLongError,
-    QueueTimeoutError,
 )
-from ..request import FRAME_RATE, StreamOptions, StreamStats
+from ..request import StreamOptions, StreamStats, Voice
 from ..text.segmenter import (
     DEFAULT_CLAUSE_MIN_CHARS,
     DEFAULT_MAX_CHARS,
@@ -69,6 +62,8 @@ from .protocol import (
     Text,
     decode_client,
     encode,
+    error_for_exception,
+    request_limits,
 )
 
 log = logging.getLogger(__name__)
@@ -84,7 +79,6 @@ __all__ = [
     "Session",
     "SessionSettings",
     "Synthesize",
-    "error_for_exception",
 ]
 
 
@@ -151,36 +145,6 @@ class Close:
 Action = SendText | SendAudio | Configure | Synthesize | EndInput | Abort | Close
 
 State = Literal["idle", "streaming", "ended", "closed"]
-
-
-def request_limits(max_new_tokens: int | None, seed: int | None, cap: int | None) -> int | None:
-    """Check a client's ``max_new_tokens`` and ``seed``; the token limit after the server cap."""
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if seed is not None and not (0 <= seed < 1 << 63):
-        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
-    if cap is not None:
-        return cap if max_new_tokens is None else min(max_new_tokens, cap)
-    return max_new_tokens
-
-
-def error_for_exception(exc: BaseException) -> tuple[str, bool, int]:
-    """(error code, fatal, close code) for an error raised by the engine."""
-    if isinstance(exc, PromptTooLongError):
-        return ErrorCode.PROMPT_TOO_LONG, False, CloseCode.NORMAL
-    if isinstance(exc, (InputError, ConfigError)):
-        return ErrorCode.INVALID_TEXT, False, CloseCode.NORMAL
-    if isinstance(exc, QueueTimeoutError):
-        return ErrorCode.QUEUE_TIMEOUT, True, CloseCode.TRY_AGAIN_LATER
-    if isinstance(exc, OverloadedError):
-        return ErrorCode.OVERLOADED, True, CloseCode.TRY_AGAIN_LATER
-    if isinstance(exc, EngineClosedError):
-        return ErrorCode.SERVER_SHUTDOWN, True, CloseCode.GOING_AWAY
-    if isinstance(exc, CodecError):
-        return ErrorCode.CODEC_ERROR, True, CloseCode.INTERNAL
-    if isinstance(exc, GenerationError):
-        return ErrorCode.GENERATION_FAILED, True, CloseCode.INTERNAL
-    return ErrorCode.INTERNAL_ERROR, True, CloseCode.INTERNAL
 
 
 @dataclass(slots=True)

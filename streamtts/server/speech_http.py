@@ -34,7 +34,7 @@ from starlette.types import Send
 
 from ..audio.formats import AudioFormat, StreamEncoder, get_format, wav_header
 from ..config import SamplingParams
-from ..engine.prepare import Voice
+from ..constants import FRAME_RATE
 from ..engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -42,10 +42,9 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
-from ..request import StreamOptions
+from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
-from .protocol import ErrorCode
-from .session import error_for_exception, request_limits
+from .protocol import ErrorCode, error_for_exception, request_limits
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -330,7 +329,7 @@ async def _body(
         if tail:
             yield out(tail)
         if frames:
-            m.rtf.observe((loop.time() - t0) / (frames / 12.5))
+            m.rtf.observe((loop.time() - t0) / (frames / FRAME_RATE))
         if sse:
             done = {
                 "type": "speech.audio.done",

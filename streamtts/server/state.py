@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
+from ..errors import ConfigError
 from .metrics import ServerMetrics
 from .session import SessionSettings
 from .voices import VoiceStore
@@ -39,11 +40,11 @@ class ServerSettings:
 
     def validate(self) -> ServerSettings:
         if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+            raise ConfigError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.send_buffer_s <= 0 or self.send_stall_s <= 0:
-            raise ValueError("send_buffer_s and send_stall_s must be > 0")
+            raise ConfigError("send_buffer_s and send_stall_s must be > 0")
         if self.session.max_message_bytes > self.ws_max_size:
-            raise ValueError("max_message_bytes must be <= ws_max_size")
+            raise ConfigError("max_message_bytes must be <= ws_max_size")
         return self
 
 

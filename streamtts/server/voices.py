@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ..engine.prepare import Voice
+from ..request import Voice
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ..constants import FRAME_RATE
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
 from .protocol import CloseCode, Error, ErrorCode, encode
 from .session import (
@@ -306,7 +307,7 @@ class WsConnection:
     def _observe_rtf(self) -> None:
         n = self.session.n
         if n.frames and n.t_last_audio is not None and n.t_first_segment is not None:
-            self.state.metrics.rtf.observe((n.t_last_audio - n.t_first_segment) / (n.frames / 12.5))
+            self.state.metrics.rtf.observe((n.t_last_audio - n.t_first_segment) / (n.frames / FRAME_RATE))
 
 
 async def websocket_endpoint(ws: WebSocket) -> None:

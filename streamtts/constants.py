@@ -1,0 +1,14 @@
+"""The model's fixed audio units (contract sections 2 and 7), defined once.
+
+A model's ``config.json`` may carry other token ids (``core.tokens.TokenIds``), but the
+codec's frame is the same for every published MOSS-TTS-Delay model.
+"""
+
+from __future__ import annotations
+
+SAMPLE_RATE = 24000  # Hz: the codec's waveform
+FRAME_SAMPLES = 1920  # samples per audio frame
+FRAME_RATE = SAMPLE_RATE / FRAME_SAMPLES  # 12.5 frames per second
+FRAME_S = FRAME_SAMPLES / SAMPLE_RATE  # 0.08 s per frame
+N_VQ = 32  # codebooks per frame
+AUDIO_VOCAB = 1024  # codes per codebook; code 1024 is the pad code
