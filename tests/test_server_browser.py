@@ -73,7 +73,7 @@ def run_page(page: Any, server: Any, words: bool) -> dict[str, Any]:
     if words:
         page.check("#tokens")
     page.click("#speak")
-    page.wait_for_function("window.streamtts.core.state === 'done'", timeout=90_000)
+    page.wait_for_function("window.streamtts.state === 'done'", timeout=90_000)
     stats: dict[str, Any] = page.evaluate("window.streamtts")
     stats["ui_segments"] = page.locator("#segments li").count()
     stats["ttfa_text"] = page.inner_text("#s-ttfa")
