@@ -89,7 +89,7 @@ class RecordingBackbone:
         pos, seq, output, hidden, logits = self.bufs
         self.calls.append(tuple(seq[:n].tolist()))
         for k, i in enumerate(np.flatnonzero(output[:n]).tolist()):
-            prompt = self.core.slots[int(seq[i])].req.prompt.tobytes()
+            prompt = self.core.slots.streams[int(seq[i])].req.prompt.tobytes()
             row = logits[out_offset + k]
             if want_hidden and hidden is not None:
                 row = np.concatenate([hidden[out_offset + k], row])

@@ -23,7 +23,7 @@ import numpy as np
 from ..config import EngineConfig, SamplingParams, load_config
 from ..errors import EngineClosedError, OverloadedError
 from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
-from .prepare import Preparer
+from .prepare import LongText, Preparer
 from .sink import StreamSink
 
 if TYPE_CHECKING:
@@ -50,16 +50,23 @@ class AudioStream:
     request at once (``__del__``); cancelling the consuming task or
     ``aclose()`` aborts too; ``async with engine.stream(...) as s`` makes it
     explicit. The generation is not started until the first ``__anext__``.
+
+    The request is prepared (normalised, tokenised, embedded) on a worker thread when
+    it starts. Text longer than one generation fits in the context comes back from
+    there as segments; the stream then speaks them in one voice
+    (:class:`~streamtts.engine.long_text.LongTextStream`) and ``segments`` lists them.
     """
 
     def __init__(self, engine: Engine, text: str, reference: ReferenceLike, options: StreamOptions) -> None:
         self._engine = engine
         self.rid = next(engine._rids)
         self.stats = StreamStats(t_submit=time.monotonic())
+        self.segments: list[str] | None = None  # set when the text is spoken in segments
         self._text = text
         self._reference = reference
         self._options = options
         self._sink: StreamSink | None = None
+        self._long: LongTextStream | None = None
         self._done = False
 
     def __aiter__(self) -> AudioStream:
@@ -69,12 +76,17 @@ class AudioStream:
         if self._done:
             raise StopAsyncIteration
         try:
-            if self._sink is None:
+            if self._sink is None and self._long is None:
                 await self._start()
+            if self._long is not None:
+                return await self._long.__anext__()
             assert self._sink is not None
             item = await self._sink.get()
+        except StopAsyncIteration:  # the segments are all spoken
+            self._done = True
+            raise
         except BaseException:  # CancelledError, or preparation failed
-            self._abort()
+            await self.aclose()
             raise
         if item is None:
             self._done = True
@@ -95,6 +107,12 @@ class AudioStream:
         req = await asyncio.to_thread(
             engine._preparer.prepare, self.rid, self._text, self._reference, self._options, sink, self.stats
         )
+        if isinstance(req, LongText):
+            from .long_text import LongTextStream
+
+            self.segments = req.segments
+            self._long = LongTextStream(engine, req.segments, req.voice, self._options, stats=self.stats)
+            return
         self._sink = sink
         core.submit(req)
 
@@ -106,6 +124,8 @@ class AudioStream:
 
     async def aclose(self) -> None:
         self._abort()
+        if self._long is not None:
+            await self._long.aclose()
 
     def _abort(self) -> None:
         if not self._done:
@@ -221,13 +241,13 @@ class Engine:
         sampling: SamplingParams | None = None,
         max_new_tokens: int | None = None,
         options: StreamOptions | None = None,
-    ) -> AudioStream | LongTextStream:
+    ) -> AudioStream:
         """Stream speech for ``text``: chunks arrive as soon as frames are decoded.
 
         ``options`` carries every setting; the keyword shortcuts override it.
         Text longer than one generation fits in the context is spoken as
-        segments in one voice (:class:`streamtts.engine.long_text.LongTextStream`);
-        encode a reference clip first (``encode_voice``) to use one there.
+        segments in one voice (``stream.segments`` lists them once it started); a
+        reference clip is encoded once for all of them.
         """
         opts = options or StreamOptions()
         short = {"language": language, "seed": seed, "sampling": sampling, "max_new_tokens": max_new_tokens}
@@ -236,12 +256,6 @@ class Engine:
             import msgspec
 
             opts = msgspec.structs.replace(opts, **changes)
-        if isinstance(text, str) and self._preparer is not None and not self._preparer.fits_one_generation(text, reference):
-            from ..text.segmenter import split_text
-            from .long_text import LongTextStream
-
-            if len(split_text(text)) > 1:  # one segment that doesn't fit: PromptTooLongError says so
-                return LongTextStream(self, text, reference, opts)
         return AudioStream(self, text, reference, opts)
 
     async def generate(self, text: str, **kwargs: Any) -> Synthesis:

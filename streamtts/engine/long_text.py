@@ -16,16 +16,22 @@ from typing import Any
 import numpy as np
 
 from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
-from ..text.segmenter import split_text
 from .segmented import SegmentAudio, SegmentDone, speak_segments
 
 
 class LongTextStream:
-    """Same interface as :class:`streamtts.engine.frontend.AudioStream`."""
+    """The chunks of ``segments`` spoken in one voice, numbered as one stream.
 
-    def __init__(self, engine: Any, text: str, reference: ReferenceLike, options: StreamOptions) -> None:
-        self.segments = split_text(text)
-        self.stats = StreamStats(t_submit=time.monotonic())
+    :class:`streamtts.engine.AudioStream` delegates to it when the preparer found the
+    text too long for one generation; ``stats`` accumulates every segment's numbers.
+    """
+
+    def __init__(
+        self, engine: Any, segments: list[str], reference: ReferenceLike, options: StreamOptions,
+        stats: StreamStats | None = None,
+    ) -> None:
+        self.segments = segments
+        self.stats = stats if stats is not None else StreamStats(t_submit=time.monotonic())
         self._engine = engine
         self._n_vq = engine.ids.n_vq
         self._reference = reference

@@ -12,6 +12,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,20 @@ from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.weights import Embedder
 from ..request import PreparedRequest, ReferenceLike, StreamOptions, StreamStats, Voice
 from ..text.normalize import normalize_text
+from ..text.segmenter import split_text
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 20000
+
+
+@dataclass(frozen=True, slots=True)
+class LongText:
+    """Text too long for one generation: spoken as these segments, in this voice."""
+
+    segments: list[str]
+    voice: Voice | None
 
 
 
@@ -81,24 +91,21 @@ class Preparer:
     TEMPLATE_ROWS = 80  # prompt rows besides the text and the reference block
     MIN_PREFIX_ROWS = 16  # shorter shared prefixes are not worth a cache entry
 
-    def fits_one_generation(self, text: str, reference: ReferenceLike) -> bool:
+    def _fits_one_generation(self, clean: str, ref: np.ndarray | None) -> bool:
         """Whether prompt + expected speech fit one stream's context (else: speak it in segments).
 
         ``max_new_tokens`` is a cap the caller chose, not a reason to split.
         """
-        clean = normalize_text(text) if self.cfg.normalize_text else text
         tokens = len(self.tokenizer.encode(clean))
-        ref_rows = 0
-        if isinstance(reference, Voice):
-            ref_rows = reference.codes.shape[0] + self.ids.n_vq
-        elif reference is not None:
-            ref_rows = 30 * 13 + self.ids.n_vq  # up to 30 s of reference
+        ref_rows = 0 if ref is None else ref.shape[0] + self.ids.n_vq
         speech = int(tokens * self.FRAMES_PER_TOKEN) + self.ids.n_vq
         return self.TEMPLATE_ROWS + tokens + ref_rows + speech <= self.n_ctx_seq
 
     def prepare(
         self, rid: int, text: str, reference: ReferenceLike, options: StreamOptions, sink: Any, stats: StreamStats
-    ) -> PreparedRequest:
+    ) -> PreparedRequest | LongText:
+        """The request's prompt rows and embeddings; or, for text longer than one generation
+        fits in the context, its segments (and the voice encoded once for all of them)."""
         t0 = time.monotonic()
         if not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}")
@@ -116,6 +123,11 @@ class Preparer:
         if options.fixed_frames is not None and options.fixed_frames < 1:
             raise InputError(f"fixed_frames must be >= 1, got {options.fixed_frames}")
         ref = self._reference_codes(reference)
+        if not self._fits_one_generation(clean, ref):
+            segments = split_text(text)
+            if len(segments) > 1:  # one segment that doesn't fit: PromptTooLongError below says so
+                voice = reference if isinstance(reference, Voice) else (None if ref is None else Voice(codes=ref))
+                return LongText(segments, voice)
         spec = PromptSpec(
             text=clean,
             reference_codes=ref,

@@ -1,0 +1,161 @@
+"""What one engine tick does: which streams step, which prompt pieces are fed.
+
+:meth:`Scheduler.schedule` reads the slot table, the prefix cache and the clock
+and returns a :class:`Plan`; it calls no backbone, so it is tested with made-up
+streams and no threads. The engine thread carries the plan out
+(``EngineCore.execute``) and feeds the outcome back (``EngineCore.update``).
+
+Who steps: every prefilled stream, except streams paused by backpressure (their
+consumer is more than ``max_buffered_s`` behind, resumed under
+``resume_buffered_s``); while some stream waits for its first audio, streams
+already more than ``step_slack_s`` ahead of a real-time listener (each row costs
+tick time the newcomer's 32 steps wait for, and those streams have audio in
+hand); and, above ``max_batch_rows``, all but the ones closest to running dry.
+
+Prefill: each joining prompt, oldest first, in a partition that depends on the
+prompt alone: its cacheable prefix (if any), then the rest, each cut in
+``prefill_chunk`` pieces, one llama_decode per piece holding that sequence only.
+llama.cpp's CPU flash attention rounds differently for different row counts,
+and it splits a batch of unequal sequences into equal pieces, so shared calls or
+budget-sized pieces would make a stream's output depend on who joined with it.
+At most ``prefill_chunk`` rows are fed per tick. Without a prefix and with
+prompts up to ``n_batch`` rows this is the official one-call prefill.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import EngineConfig
+from .prefix_cache import PrefixCache
+from .slots import SlotTable
+
+NO_SLOTS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(slots=True)
+class PrefillPiece:
+    """Prompt rows ``[start, start + rows)`` of ``slot`` in one llama_decode."""
+
+    slot: int
+    start: int
+    rows: int
+    last: bool  # completes the prompt: its last row is output (the stream's first step)
+    store_prefix: bool = False  # the prefix is complete after it: snapshot the sequence
+
+
+@dataclass(slots=True)
+class Plan:
+    decode: np.ndarray = field(default_factory=lambda: NO_SLOTS)  # slots stepped, in row order
+    loads: list[tuple[int, np.ndarray]] = field(default_factory=list)  # cached prefixes to load first
+    prefill: list[PrefillPiece] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.decode.size or self.loads or self.prefill)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        slots: SlotTable,
+        prefix_cache: PrefixCache,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.slots = slots
+        self.prefix_cache = prefix_cache
+        self.clock = clock
+        self.max_prefill = max(1, min(cfg.prefill_chunk, cfg.n_batch))
+        self.joining: list[int] = []  # slots still prefilling, in admission order
+        self._run_cache: np.ndarray | None = None
+
+    # -- bookkeeping the engine reports --------------------------------------------------
+    def admitted(self, slot: int) -> None:
+        self.joining.append(slot)
+        self._run_cache = None
+
+    def prefilled(self, slot: int) -> None:
+        if slot in self.joining:
+            self.joining.remove(slot)
+        self._run_cache = None
+
+    def released(self, slot: int) -> None:
+        if slot in self.joining:
+            self.joining.remove(slot)
+        self.prefix_cache.release(slot)
+        self._run_cache = None
+
+    # -- the plan ------------------------------------------------------------------------
+    def schedule(self) -> Plan:
+        plan = Plan(decode=self._running())
+        self._plan_prefill(plan)
+        return plan
+
+    def _running(self) -> np.ndarray:
+        changed = False
+        hi, lo = self.cfg.max_buffered_s, self.cfg.resume_buffered_s
+        for s in self.slots.streams:
+            if s is None or not s.running:
+                continue
+            b = s.buffered_s()
+            if s.paused and b < lo:
+                s.paused, changed = False, True
+            elif not s.paused and b > hi:
+                s.paused, changed = True, True
+        if changed or self._run_cache is None:
+            self._run_cache = np.array(
+                [i for i, s in enumerate(self.slots.streams) if s is not None and s.running and not s.paused],
+                dtype=np.int64,
+            )
+        run = self._run_cache
+        if run.size < 2:
+            return run
+        slack = self.slots.audio_due[run] - self.clock()  # audio in hand (-inf: none yet)
+        ahead = self.cfg.step_slack_s
+        if ahead > 0 and np.isneginf(slack).any():
+            keep = slack < ahead
+            run, slack = run[keep], slack[keep]
+        limit = self.cfg.max_batch_rows
+        if 0 < limit < run.size:  # the ones closest to running dry
+            run = np.sort(run[np.argpartition(slack, limit - 1)[:limit]])
+        return run
+
+    def _plan_prefill(self, plan: Plan) -> None:
+        budget = self.max_prefill
+        cache = self.prefix_cache
+        for slot in self.joining:
+            s = self.slots.streams[slot]
+            if s is None:
+                continue
+            req = s.req
+            total = req.prompt.shape[0]
+            fed = s.fed
+            if fed == 0 and req.prefix_rows and cache.enabled:
+                got = cache.lookup(req.prefix_key, slot, req.prefix_rows)
+                if isinstance(got, str):
+                    if got == "wait":
+                        continue  # another stream computes this prefix; load it once stored
+                else:
+                    plan.loads.append((slot, got))
+                    fed = req.prefix_rows
+            while budget and fed < total:
+                end = req.prefix_rows if fed < req.prefix_rows else total
+                take = min(end - fed, self.max_prefill)
+                if take > budget:
+                    break
+                plan.prefill.append(
+                    PrefillPiece(
+                        slot, fed, take, last=fed + take == total,
+                        store_prefix=cache.enabled and fed + take == req.prefix_rows,
+                    )
+                )
+                budget -= take
+                fed += take
+            if not budget:
+                break
