@@ -131,22 +131,29 @@ def _encode(a: npt.NDArray[Any], dtype: str) -> tuple[npt.NDArray[Any], Any]:
     return quantize(np.ascontiguousarray(a, dtype=np.float32), qtype), qtype
 
 
-def add_qwen3_header(w: Any, shape: Qwen3Shape, name: str, file_type: int) -> None:
-    """The KV metadata llama.cpp needs to load a qwen3 model fed with embeddings only."""
-    w.add_name(name)
-    w.add_file_type(file_type)
-    w.add_vocab_size(shape.n_vocab)
+def add_qwen3_hparams(w: Any, shape: Qwen3Shape, file_type: int) -> None:
+    """The hyper-parameter keys of a qwen3 GGUF, in the order llama.cpp's
+    ``convert_hf_to_gguf.py`` writes them (``TextModel.set_gguf_parameters`` for a Qwen3
+    config without rope scaling); ``streamtts convert-hf`` relies on this order."""
+    w.add_block_count(shape.n_layer)
     w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
     w.add_feed_forward_length(shape.n_ff)
     w.add_head_count(shape.n_head)
     w.add_head_count_kv(shape.n_head_kv)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
-    w.add_rope_dimension_count(shape.head_dim)
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(shape.rms_eps)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_file_type(file_type)
+
+
+def add_qwen3_header(w: Any, shape: Qwen3Shape, name: str, file_type: int) -> None:
+    """The KV metadata llama.cpp needs to load a qwen3 model fed with embeddings only."""
+    w.add_name(name)
+    add_qwen3_hparams(w, shape, file_type)
+    w.add_vocab_size(shape.n_vocab)
+    w.add_rope_dimension_count(shape.head_dim)
     # no tokenizer: the model loads with n_vocab dummy tokens (contract section 9)
     w.add_tokenizer_model("none")
 

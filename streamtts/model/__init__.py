@@ -1,0 +1,1 @@
+"""Model files: converting the original MOSS-TTS-Delay checkpoint into the published bundle."""
