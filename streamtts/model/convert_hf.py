@@ -605,7 +605,16 @@ def _run(
     job: _Job, result: ConvertResult, progress: Progress | None, n_threads: int, gpu: bool | None
 ) -> None:
     todo = {o.rel for o in job.todo()}
+    yaml_text = _config_yaml(job, _gpu_default() if gpu is None else gpu)
+    current = job.finished("config.yaml")
+    if current is not None and current.read_text(encoding="utf-8") == yaml_text:
+        todo.discard("config.yaml")
+    else:
+        todo.add("config.yaml")  # options (--fused, the first --quant) changed it
     result.skipped = [o.rel for o in job.outputs if o.keep and o.rel not in todo]
+    if not todo:
+        log.info("%s already holds every output of this conversion", job.out)
+        return
     _start_staging(job)
     w = _Writer(job, progress, n_threads)
     steps = result.step_seconds
@@ -630,14 +639,9 @@ def _run(
         assert src is not None
         with _timed(steps, "fused"):
             w.fused(src, job.staging / fused_rel)
-    yaml_text = _config_yaml(job, _gpu_default() if gpu is None else gpu)
-    current = job.finished("config.yaml")
-    if current is None or current.read_text(encoding="utf-8") != yaml_text:
+    if "config.yaml" in todo:
         with _atomic(job.staging / "config.yaml") as tmp:
             tmp.write_text(yaml_text, encoding="utf-8")
-        todo.add("config.yaml")
-        if "config.yaml" in result.skipped:
-            result.skipped.remove("config.yaml")
     with _timed(steps, "commit"):
         _commit(job)
     result.written = [o.rel for o in job.outputs if o.keep and o.rel in todo]
