@@ -131,10 +131,13 @@ def _encode(a: npt.NDArray[Any], dtype: str) -> tuple[npt.NDArray[Any], Any]:
     return quantize(np.ascontiguousarray(a, dtype=np.float32), qtype), qtype
 
 
-def add_qwen3_hparams(w: Any, shape: Qwen3Shape, file_type: int) -> None:
+def add_qwen3_hparams(
+    w: Any, shape: Qwen3Shape, file_type: int, *, head_dim_keys: bool = True
+) -> None:
     """The hyper-parameter keys of a qwen3 GGUF, in the order llama.cpp's
     ``convert_hf_to_gguf.py`` writes them (``TextModel.set_gguf_parameters`` for a Qwen3
-    config without rope scaling); ``streamtts convert-hf`` relies on this order."""
+    config without rope scaling); ``streamtts convert-hf`` relies on this order. The
+    converter writes key/value_length only when the HF config names ``head_dim``."""
     w.add_block_count(shape.n_layer)
     w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(shape.n_embd)
@@ -143,8 +146,9 @@ def add_qwen3_hparams(w: Any, shape: Qwen3Shape, file_type: int) -> None:
     w.add_head_count_kv(shape.n_head_kv)
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(shape.rms_eps)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
+    if head_dim_keys:
+        w.add_key_length(shape.head_dim)
+        w.add_value_length(shape.head_dim)
     w.add_file_type(file_type)
 
 

@@ -62,7 +62,7 @@ STAGING_DIR = ".convert-hf.partial"
 STAMP_NAME = ".convert-hf.json"
 #: general.name of the official files (llama.cpp names the model after its folder, qwen3_backbone).
 GGUF_MODEL_NAME = "Qwen3_Backbone"
-_SLAB_BYTES = 32 << 20  # rows read, converted and written at a time
+_SLAB_BYTES = 8 << 20  # source bytes read, converted and written at a time (f32 step: 2x)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Files of a hub checkpoint repository that the conversion reads.
 HUB_PATTERNS = [
@@ -411,7 +411,10 @@ class _Writer:
             w.add_type(gguf.GGUFType.MODEL)
             w.add_name(GGUF_MODEL_NAME)
             w.add_size_label(gguf.size_label(n_params, n_params, 0, 0))
-            add_qwen3_hparams(w, job.cfg.shape, int(gguf.LlamaFileType.MOSTLY_F16))
+            add_qwen3_hparams(
+                w, job.cfg.shape, int(gguf.LlamaFileType.MOSTLY_F16),
+                head_dim_keys=job.cfg.has_head_dim,
+            )  # fmt: skip
             w.add_quantization_version(gguf.GGML_QUANT_VERSION)
             add_vocab(w, job.vocab)
             for _, gg, shape, f32, qtype, nbytes in plan:

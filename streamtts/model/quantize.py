@@ -50,7 +50,7 @@ _BPW = {
 _FALLBACK_BPW = 8.5
 
 # Bytes of tensor rows llama.cpp keeps in memory at once (its default is 8 GiB).
-MAX_BUF_BYTES = 256 << 20
+MAX_BUF_BYTES = 64 << 20
 
 
 def parse_quant(name: str) -> str:

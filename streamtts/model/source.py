@@ -18,6 +18,7 @@ tensor this converter would have to drop; as many audio tables as ``n_vq`` says.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from ..checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
 from ..demo.gguf_writer import Qwen3Shape
 from ..errors import ModelFileError
 from ..tokens import TokenIds
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MossConfig",
@@ -70,6 +73,7 @@ class MossConfig:
     lang: dict[str, Any]  # its language_config (the Qwen3 backbone)
     shape: Qwen3Shape  # n_vocab = vocab_size, n_ctx_train = max_position_embeddings
     ids: TokenIds  # token ids, n_vq, audio_vocab_size (defaults for absent keys)
+    has_head_dim: bool = True  # language_config names head_dim (llama.cpp then writes key_length)
 
     @property
     def n_vq(self) -> int:
@@ -154,7 +158,9 @@ def read_config(folder: str | Path) -> MossConfig:
         shape.validate()
     except ValueError as exc:
         raise ModelFileError(path, _EXPECTED_CONFIG, f"language_config: {exc}") from exc
-    return MossConfig(path=path, data=data, lang=lang, shape=shape, ids=ids)
+    return MossConfig(
+        path=path, data=data, lang=lang, shape=shape, ids=ids, has_head_dim="head_dim" in lang
+    )
 
 
 def _positive_float(path: Path, lang: dict[str, Any], key: str) -> float:
@@ -283,13 +289,22 @@ def check_tensors(ck: Checkpoint, cfg: MossConfig) -> None:
             "1 text + n_vq audio)",
             f"n_vq is {cfg.n_vq}, leaving {extra[0]!r} and {len(extra) - 1} more unused",
         )
+    ignored = []
     for name in names:
-        if name.startswith("language_model.") and name not in want:
+        if name in want:
+            continue
+        if name.startswith("language_model."):
             raise ModelFileError(
                 ck.file_of(name),
                 "only the tensors of a Qwen3 backbone under language_model.*",
                 f"{name!r} has no place in the GGUF (a different architecture?)",
             )
+        ignored.append(name)
+    if ignored:  # extract_weights.py ignores them too
+        log.warning(
+            "%s: %d tensor(s) outside the backbone, tables and heads are not converted: %s",
+            _listing(ck), len(ignored), ", ".join(ignored[:5]) + (" ..." if len(ignored) > 5 else ""),
+        )  # fmt: skip
 
 
 # extract_weights.py cuts the backbone into safetensors shards of at most this many bytes
