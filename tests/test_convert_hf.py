@@ -45,9 +45,10 @@ def _link_codec(root: Path, demo_model_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fixture_bundle(tmp_path_factory: pytest.TempPathFactory, bridge_lib: Any) -> Path:
-    """The fixture converted to Q4_K_M (the config's backbone) and F16: ``root/MOSS-TTS-GGUF``."""
+    """The fixture converted to Q4_K_M (the config's backbone, with its fused-heads GGUF)
+    and F16: ``root/MOSS-TTS-GGUF``."""
     root = tmp_path_factory.mktemp("converted")
-    convert_hf(FIXTURE, root / GGUF_DIR, ["Q4_K_M", "F16"], n_threads=2, gpu=False)
+    convert_hf(FIXTURE, root / GGUF_DIR, ["Q4_K_M", "F16"], fused=True, n_threads=2, gpu=False)
     return root / GGUF_DIR
 
 
@@ -126,7 +127,14 @@ def test_gguf_tokenizer_is_what_llama_cpp_loads(fixture_bundle: Path) -> None:
 def test_converted_bundle_keeps_the_layout_and_synthesises(
     fixture_bundle: Path, demo_model_dir: Path, tmp_path: Path
 ) -> None:
+    from streamtts.fused import read_fused_info
+
     root = fixture_bundle.parent
+    fused = read_fused_info(fixture_bundle / "MOSS_TTS_Q4_K_M.fused.gguf")
+    assert (
+        fused.n_vq == 32
+        and "fused_gguf: MOSS_TTS_Q4_K_M.fused.gguf" in (fixture_bundle / "config.yaml").read_text()
+    )
     _link_codec(root, demo_model_dir)
     try:
         rep = check_layout(root, "Q4_K_M")
@@ -192,7 +200,10 @@ def _files(d: Path) -> dict[str, int]:
     return {p.relative_to(d).as_posix(): p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
 
 
-def test_rerun_skips_finished_outputs(tmp_path: Path) -> None:
+def test_rerun_skips_finished_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cmod, "_gpu_default", lambda: False)  # the CLI detects; gpu=False below
     out = tmp_path / "bundle"
     first = convert_hf(FIXTURE, out, ["F16"], gpu=False)
     assert "MOSS_TTS_F16.gguf" in first.written and not first.skipped
@@ -201,6 +212,10 @@ def test_rerun_skips_finished_outputs(tmp_path: Path) -> None:
     assert again.written == [] and sorted(again.skipped) == sorted(first.written)
     assert _files(out) == before  # nothing rewritten
     assert not (out / STAGING_DIR).exists()
+    # the command line, same inputs: nothing to do either
+    assert cli.main(["convert-hf", str(FIXTURE), "--out", str(out), "--quant", "f16"]) == 0
+    assert f"wrote 0 file(s) into {out}" in capsys.readouterr().out
+    assert _files(out) == before
 
 
 def test_interrupted_run_leaves_no_half_bundle_and_resumes(
