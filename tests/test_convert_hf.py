@@ -286,7 +286,10 @@ def test_hub_id_is_fetched_like_streamtts_download(
     res = convert_hf(
         "OpenMOSS-Team/MOSS-TTS", tmp_path / "bundle", ["F16"], gpu=False, fetcher=fetcher
     )
-    assert calls and calls[0]["repo"] == "OpenMOSS-Team/MOSS-TTS"
+    assert [c["repo"] for c in calls] == ["OpenMOSS-Team/MOSS-TTS"] * 2
+    # config and tokenizer first (checked), then the weights
+    assert not any("safetensors" in p and "index" not in p for p in calls[0]["patterns"])
+    assert "model-*.safetensors" in calls[1]["patterns"]
     assert res.source == tmp_path / "cache" / "hf" / "OpenMOSS-Team--MOSS-TTS"
     assert not (res.source / "official-outputs.json").exists()  # only what the conversion reads
     _check_gguf(tmp_path / "bundle" / "MOSS_TTS_F16.gguf", MANIFEST["gguf"]["backbone_f16.gguf"])

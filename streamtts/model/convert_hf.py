@@ -64,14 +64,10 @@ STAMP_NAME = ".convert-hf.json"
 GGUF_MODEL_NAME = "Qwen3_Backbone"
 _SLAB_BYTES = 8 << 20  # source bytes read, converted and written at a time (f32 step: 2x)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# Files of a hub checkpoint repository that the conversion reads.
-HUB_PATTERNS = [
-    "config.json",
-    "model.safetensors",
-    "model-*.safetensors",
-    "model.safetensors.index.json",
-    *TOKENIZER_FILES,
-]
+# Files of a hub checkpoint repository that the conversion reads: the small ones first
+# (the config is checked before gigabytes of weights are fetched), then the weights.
+HUB_META_PATTERNS = ["config.json", "model.safetensors.index.json", *TOKENIZER_FILES]
+HUB_PATTERNS = [*HUB_META_PATTERNS, "model.safetensors", "model-*.safetensors"]
 
 Progress = Callable[[str, int, int], None]  # (step, done, total), bytes
 
@@ -133,6 +129,8 @@ def resolve_source(
     from ..paths import cache_dir
 
     local = cache_dir() / "hf" / text.replace("/", "--")
+    fetch_repo(text, local, HUB_META_PATTERNS, revision=revision, fetcher=fetcher)
+    read_config(local)  # not a MOSS-TTS-Delay checkpoint: say so before the big download
     fetch_repo(text, local, HUB_PATTERNS, revision=revision, fetcher=fetcher)
     return local
 
