@@ -193,6 +193,29 @@ def test_demo_checkpoint_converts_to_the_demo_bundles_greedy_codes(
         assert (out / rel).read_bytes() == (demo_model_dir / GGUF_DIR / rel).read_bytes(), rel
 
 
+def test_rope_theta_from_transformers_4_and_5_configs(tmp_path: Path) -> None:
+    from streamtts.model.source import read_config
+
+    def v4(c: dict[str, Any]) -> None:  # transformers 4.x: top level, rope_scaling null
+        lang = c["language_config"]
+        lang["rope_theta"] = lang.pop("rope_parameters")["rope_theta"]
+        lang["rope_scaling"] = None
+
+    for name, edit in (("t5", lambda c: None), ("t4", v4)):
+        src = tmp_path / name
+        src.mkdir()
+        _edit_config(src, edit)
+        assert read_config(src).shape.rope_theta == 1_000_000.0, name
+    src = tmp_path / "yarn"
+    src.mkdir()
+    path = _edit_config(
+        src, lambda c: c["language_config"]["rope_parameters"].update(rope_type="yarn", factor=4.0)
+    )
+    with pytest.raises(ModelFileError, match="plain RoPE") as exc:
+        read_config(src)
+    assert exc.value.path == str(path)
+
+
 # -- reruns, interruptions, memory ---------------------------------------------------------------
 
 
@@ -313,7 +336,7 @@ def _source(tmp_path: Path, *, copy_weights: bool = False) -> Path:
 def _edit_config(src: Path, edit: Any) -> Path:
     cfg = json.loads((FIXTURE / "config.json").read_text())
     edit(cfg)
-    (src / "config.json").unlink()
+    (src / "config.json").unlink(missing_ok=True)
     (src / "config.json").write_text(json.dumps(cfg))
     return src / "config.json"
 
