@@ -16,10 +16,9 @@ import json
 
 import numpy as np
 
-from streamtts.config import load_config
+from streamtts.config import find_model_config, load_config
 from streamtts.core.tokens import load_token_ids
 from streamtts.demo.model import ensure_demo_model
-from streamtts.config import find_model_config
 from streamtts.model.backbone import Backbone, BackboneParams
 from streamtts.model.weights import AudioHeads
 

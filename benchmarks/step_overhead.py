@@ -23,13 +23,11 @@ import numpy as np
 
 from streamtts import Engine
 from streamtts.codec import load_decoder
-from streamtts.config import SamplingParams, load_config
+from streamtts.config import SamplingParams, find_model_config, load_config
 from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
 from streamtts.core.tokens import load_token_ids
 from streamtts.demo.model import ensure_demo_model
-from streamtts.config import find_model_config
-from streamtts.model.backbone import physical_cores
-from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.backbone import Backbone, BackboneParams, physical_cores
 from streamtts.model.weights import AudioHeads, Embedder
 from streamtts.request import StreamOptions
 from streamtts.text.normalize import normalize_text

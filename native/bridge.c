@@ -764,6 +764,14 @@ STT_API const char *stt_last_error(const struct stt_ctx *c) {
     return c ? c->err : "no context (NULL handle)";
 }
 
+/* The last ERROR line llama.cpp logged in this process (copied into buf); returns 1 if
+ * there was one, else 0. For calls outside the bridge (llama_model_quantize). */
+STT_API int32_t stt_llama_last_error(char *buf, int32_t len) {
+    if (buf == NULL || len <= 0) return STT_E_INVALID;
+    uint64_t seq = log_error_seq();
+    return log_errors_since(seq > 0 ? seq - 1 : 0, buf, (size_t)len) > 0 ? 1 : 0;
+}
+
 /* llama.cpp / ggml versions and where the source came from. */
 static char           g_version[320];
 static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;

@@ -2,7 +2,9 @@
 
 ``safetensors`` memory-maps each file and hands out one tensor at a time as a NumPy
 array; ``ml_dtypes`` gives NumPy a ``bfloat16`` so bf16 checkpoints read the same way.
-Peak memory is one tensor (the caller upcasts or converts it, then drops it).
+Peak memory is one tensor (the caller upcasts or converts it, then drops it);
+``iter_rows`` reads a tensor a slab of whole rows at a time with plain file reads, so a
+converter's memory stays bounded by its slab size, not by the largest tensor.
 
 Every problem names the file and what was expected: a missing ``model.safetensors``
 (or index), a shard the index names but the folder lacks, a file whose header or data
@@ -43,8 +45,23 @@ def _import() -> Any:
     return safe_open
 
 
-def _check_file(path: Path) -> dict[str, Any]:
-    """The header of one safetensors file, checked against the file's size."""
+def _numpy_dtype(path: Path, name: str, dt: str) -> np.dtype[Any]:
+    """NumPy dtype of a safetensors dtype string (float types: what checkpoints hold)."""
+    if dt == "BF16":
+        _import()  # a clear error when ml_dtypes is missing
+        import ml_dtypes
+
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
+    names = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+    if dt not in names:
+        raise ModelFileError(path, f"tensor {name!r} as F32, F16 or BF16", f"it is {dt}")
+    return np.dtype(names[dt])
+
+
+def _check_file(path: Path) -> tuple[dict[str, Any], int]:
+    """The header of one safetensors file, checked against the file's size, and the
+    offset of its data section."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -72,7 +89,7 @@ def _check_file(path: Path) -> dict[str, Any]:
             path, "a safetensors file",
             f"truncated: its header needs {8 + n + end} bytes, the file has {size}",
         )
-    return dict(header)
+    return header, 8 + n
 
 
 class Checkpoint:
@@ -85,6 +102,7 @@ class Checkpoint:
         self.folder = Path(folder)
         self._where: dict[str, Path] = {}
         self._meta: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._span: dict[str, tuple[int, int]] = {}  # absolute byte offset, byte length
         self._handles: dict[Path, Any] = {}
         self._stack = ExitStack()
         index = self.folder / INDEX_FILE
@@ -103,11 +121,14 @@ class Checkpoint:
         else:
             raise ModelFileError(self.folder, _EXPECTED, "neither file is there")
         for f in files:
-            for name, info in _check_file(f).items():
+            header, data_start = _check_file(f)
+            for name, info in header.items():
                 if name == "__metadata__":
                     continue
                 self._where[name] = f
                 self._meta[name] = (str(info.get("dtype")), tuple(int(d) for d in info["shape"]))
+                begin, end = (int(x) for x in info["data_offsets"])
+                self._span[name] = (data_start + begin, end - begin)
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -127,6 +148,10 @@ class Checkpoint:
 
     def files(self) -> list[Path]:
         return sorted(set(self._where.values()))
+
+    def file_of(self, name: str) -> Path:
+        """The file (shard) that holds tensor ``name``."""
+        return self._where[self._require(name)]
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._meta[self._require(name)][1]
@@ -163,6 +188,39 @@ class Checkpoint:
 
     def get_f32(self, name: str, shape: Sequence[int] | None = None) -> np.ndarray:
         return np.asarray(self.get(name, shape), dtype=np.float32)
+
+    def iter_rows(self, name: str, max_bytes: int = 32 << 20) -> Iterator[np.ndarray]:
+        """Tensor ``name`` as consecutive slabs of whole rows (first axis), in stored dtype.
+
+        Plain file reads, not the safetensors memory map: pages touched through a map
+        count in the process's resident memory until it is closed, reads go through the
+        page cache, which the kernel reclaims freely. One slab is at most ``max_bytes``
+        (at least one row). A 1-D tensor comes as one slab.
+        """
+        path = self._where[self._require(name)]
+        dt, shape = self._meta[name]
+        dtype = _numpy_dtype(path, name, dt)
+        offset, nbytes = self._span[name]
+        want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes != want:
+            raise ModelFileError(
+                path, f"tensor {name!r} of {want} bytes ({dt} {shape})", f"its header says {nbytes}"
+            )
+        if len(shape) <= 1:
+            rows, row_shape = 1, tuple(shape)
+        else:
+            rows, row_shape = shape[0], tuple(shape[1:])
+        row_bytes = max(1, nbytes // max(rows, 1))
+        step = max(1, max_bytes // row_bytes)
+        with path.open("rb") as f:
+            for start in range(0, rows, step):
+                n = min(step, rows - start)
+                f.seek(offset + start * row_bytes)
+                buf = f.read(n * row_bytes)
+                if len(buf) != n * row_bytes:
+                    raise ModelFileError(path, f"readable tensor {name!r}", "file cut short")
+                arr = np.frombuffer(buf, dtype=dtype)
+                yield arr.reshape(row_shape if len(shape) <= 1 else (n, *row_shape))
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
         for name in self.names():

@@ -225,11 +225,47 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--preset", default="tiny", choices=["tiny", "mid"])
     d.add_argument("--seed", type=int, default=0)
 
+    _add_convert_hf(sub)
+
     from . import bench
 
     bench.add_parser(sub)
     _add_optional_commands(sub)
     return p
+
+
+# -- convert-hf (the work is in model/convert_hf.py) -------------------------------------------------
+def _add_convert_hf(sub: Any) -> None:
+    c = sub.add_parser(
+        "convert-hf",
+        help="convert the original MOSS-TTS-Delay checkpoint into the published GGUF bundle (no torch)",
+    )
+    c.add_argument("src", help="checkpoint folder (config.json, model*.safetensors, tokenizer) or hub id")
+    c.add_argument("--out", required=True, help="bundle folder (MOSS_TTS_<QUANT>.gguf, embeddings/, lm_heads/, ...)")
+    c.add_argument(
+        "--quant", action="append",
+        help="GGUF type to write, repeatable: Q4_K_M (default), Q5_K_M, Q6_K, Q8_0, F16, ...; the first is the config's",
+    )  # fmt: skip
+    c.add_argument("--fused", action="store_true", help="also write the fused-heads GGUF (streamtts convert) of the first --quant")
+    c.add_argument("--keep-f16", action="store_true", help="keep the F16 GGUF the quantizer reads")
+    c.add_argument("--threads", type=int, default=0, help="llama.cpp quantizer threads (0: all cores)")
+    c.add_argument("--revision", help="hub revision when SRC is a hub id")
+    c.set_defaults(handler=_convert_hf)
+
+
+def _convert_hf(args: argparse.Namespace) -> int:
+    from .model.convert_hf import convert_hf, rich_progress
+
+    with rich_progress() as progress:
+        res = convert_hf(
+            args.src, args.out, args.quant or ["Q4_K_M"], fused=args.fused, keep_f16=args.keep_f16,
+            n_threads=args.threads, revision=args.revision, progress=progress,
+        )  # fmt: skip
+    print(
+        f"wrote {len(res.written)} file(s) into {res.out_dir} in {res.seconds:.1f} s "
+        f"({len(res.skipped)} already there); config: {res.config_yaml}"
+    )
+    return 0
 
 
 def _add_optional_commands(sub: Any) -> None:

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtts.demo.gguf_writer import Qwen3Shape, random_qwen3_tensors, write_qwen3_gguf
+from streamtts.demo.gguf_writer import random_qwen3_tensors, write_qwen3_gguf
 from streamtts.errors import NativeLibraryError
 from streamtts.model import _llama
 from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.qwen3_gguf import Qwen3Shape
 
 TINY_SHAPE = Qwen3Shape(
     n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_vocab=300

@@ -24,15 +24,13 @@ Tensor shapes, written NumPy-style (rows, cols) = GGUF (ne1, ne0), as llama.cpp'
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ..model.qwen3_gguf import ARCH, Qwen3Shape, add_qwen3_header
 from ..paths import gguf_writer_at
-
-ARCH = "qwen3"
 
 # GGUF tensor type, general.file_type (llama_ftype) for each supported matrix dtype
 _DTYPES: dict[str, tuple[str, int]] = {
@@ -42,59 +40,6 @@ _DTYPES: dict[str, tuple[str, int]] = {
     "q8_0": ("Q8_0", 7),
     "q4_0": ("Q4_0", 2),
 }
-
-
-@dataclass(frozen=True)
-class Qwen3Shape:
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int = 32768
-    rope_theta: float = 1e6
-    rms_eps: float = 1e-6
-
-    def validate(self) -> None:
-        for name in (
-            "n_embd",
-            "n_layer",
-            "n_head",
-            "n_head_kv",
-            "head_dim",
-            "n_ff",
-            "n_vocab",
-            "n_ctx_train",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Qwen3Shape.{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_head % self.n_head_kv:
-            raise ValueError(
-                f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even (RoPE), got {self.head_dim}")
-
-    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Name -> NumPy shape of every tensor random_qwen3_tensors() returns."""
-        e, q, kv = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        shapes: dict[str, tuple[int, ...]] = {"output_norm.weight": (e,)}
-        for i in range(self.n_layer):
-            b = f"blk.{i}."
-            shapes[b + "attn_norm.weight"] = (e,)
-            shapes[b + "attn_q.weight"] = (q, e)
-            shapes[b + "attn_k.weight"] = (kv, e)
-            shapes[b + "attn_v.weight"] = (kv, e)
-            shapes[b + "attn_output.weight"] = (e, q)
-            shapes[b + "attn_q_norm.weight"] = (self.head_dim,)
-            shapes[b + "attn_k_norm.weight"] = (self.head_dim,)
-            shapes[b + "ffn_norm.weight"] = (e,)
-            shapes[b + "ffn_gate.weight"] = (self.n_ff, e)
-            shapes[b + "ffn_up.weight"] = (self.n_ff, e)
-            shapes[b + "ffn_down.weight"] = (e, self.n_ff)
-        return shapes
 
 
 def random_qwen3_tensors(
@@ -129,26 +74,6 @@ def _encode(a: npt.NDArray[Any], dtype: str) -> tuple[npt.NDArray[Any], Any]:
         return np.ascontiguousarray(a, dtype=np.float16), None
     qtype = GGMLQuantizationType[_DTYPES[dtype][0]]
     return quantize(np.ascontiguousarray(a, dtype=np.float32), qtype), qtype
-
-
-def add_qwen3_header(w: Any, shape: Qwen3Shape, name: str, file_type: int) -> None:
-    """The KV metadata llama.cpp needs to load a qwen3 model fed with embeddings only."""
-    w.add_name(name)
-    w.add_file_type(file_type)
-    w.add_vocab_size(shape.n_vocab)
-    w.add_context_length(shape.n_ctx_train)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
-    w.add_rope_dimension_count(shape.head_dim)
-    w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(shape.rms_eps)
-    # no tokenizer: the model loads with n_vocab dummy tokens (contract section 9)
-    w.add_tokenizer_model("none")
 
 
 def write_qwen3_gguf(

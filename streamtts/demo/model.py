@@ -168,7 +168,7 @@ class DemoWeights:
 
 
 def _qwen3_shape(p: DemoPreset) -> Any:
-    from .gguf_writer import Qwen3Shape
+    from ..model.qwen3_gguf import Qwen3Shape
 
     return Qwen3Shape(
         n_embd=p.n_embd,
@@ -343,6 +343,7 @@ def _model_config(p: DemoPreset, ids: TokenIds) -> dict[str, Any]:
         "vocab_size": V_TEXT,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
+        "max_position_embeddings": _qwen3_shape(p).n_ctx_train,  # the GGUF's training context
     }
     return cfg
 

@@ -144,6 +144,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_seq_state_get", c_int32, [c_void_p, c_int32, c_void_p, c_uint64, P(c_uint64)])
     # int32_t stt_seq_state_set(stt_ctx *c, int32_t seq, const uint8_t *src, uint64_t size);
     fn("stt_seq_state_set", c_int32, [c_void_p, c_int32, c_void_p, c_uint64])
+    # int32_t stt_llama_last_error(char *buf, int32_t len);
+    fn("stt_llama_last_error", c_int32, [c_char_p, c_int32])
     # int32_t stt_n_embd(const stt_ctx *c);   (and n_vocab, n_ctx, n_ctx_seq, n_seq_max,
     #                                           n_batch, n_threads, has_threadpool alike)
     for getter in (
@@ -266,3 +268,120 @@ def set_llama_log(on: bool, debug: bool = False) -> None:
     """Forward llama.cpp's own log lines (INFO and above; with debug, DEBUG too) to stderr
     (config ``log_llama``). The default comes from ``STREAMTTS_LLAMA_LOG=1`` (or 2)."""
     load_bridge().stt_set_log_forward(2 if on and debug else int(on))
+
+
+def llama_last_error() -> str:
+    """Last ERROR line llama.cpp logged in this process ('' if none)."""
+    buf = ctypes.create_string_buffer(1024)
+    load_bridge().stt_llama_last_error(buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
+# ==== llama.cpp's own quantizer (libllama, next to the bridge) ================================
+# ``streamtts convert-hf`` quantizes with llama.cpp's ``llama_model_quantize``, the code behind
+# ``llama-quantize``, so its files match the official chain's byte for byte. These symbols are
+# libllama's, not the bridge's: the library is opened from the bridge's folder (the bridge links
+# it, so the process already has it loaded, with the bridge's log callback installed).
+
+LLAMA_LIB_NAME = "libllama.so"
+GGML_TYPE_COUNT = 43  # enum ggml_type's count in this llama.cpp (the "no override" value)
+
+
+# typedef struct llama_model_quantize_params {
+#     int32_t nthread; enum llama_ftype ftype; enum ggml_type output_tensor_type;
+#     enum ggml_type token_embedding_type; bool allow_requantize; bool quantize_output_tensor;
+#     bool only_copy; bool pure; bool keep_split; bool dry_run;
+#     const struct llama_model_imatrix_data * imatrix;
+#     const struct llama_model_kv_override * kv_overrides;
+#     const struct llama_model_tensor_override * tt_overrides;
+#     const int32_t * prune_layers; size_t max_buf_size;
+# } llama_model_quantize_params;
+class LlamaModelQuantizeParams(ctypes.Structure):
+    _fields_ = [
+        ("nthread", c_int32),
+        ("ftype", ctypes.c_int),
+        ("output_tensor_type", ctypes.c_int),
+        ("token_embedding_type", ctypes.c_int),
+        ("allow_requantize", ctypes.c_bool),
+        ("quantize_output_tensor", ctypes.c_bool),
+        ("only_copy", ctypes.c_bool),
+        ("pure", ctypes.c_bool),
+        ("keep_split", ctypes.c_bool),
+        ("dry_run", ctypes.c_bool),
+        ("imatrix", c_void_p),
+        ("kv_overrides", c_void_p),
+        ("tt_overrides", c_void_p),
+        ("prune_layers", c_void_p),
+        ("max_buf_size", ctypes.c_size_t),
+    ]
+
+
+def _declare_llama(lib: ctypes.CDLL) -> None:
+    def fn(name: str, restype: object, argtypes: list[object]) -> None:
+        try:
+            f = getattr(lib, name)
+        except AttributeError as exc:
+            raise NativeLibraryError(
+                f"{lib._name}: missing symbol {name}: not the llama.cpp this streamtts expects; "
+                f"rebuild with `native/build.sh`"
+            ) from exc
+        f.restype = restype
+        f.argtypes = argtypes
+
+    # struct llama_model_quantize_params llama_model_quantize_default_params(void);
+    fn("llama_model_quantize_default_params", LlamaModelQuantizeParams, [])
+    # uint32_t llama_model_quantize(const char * fname_inp, const char * fname_out,
+    #                               const llama_model_quantize_params * params);
+    fn(
+        "llama_model_quantize",
+        ctypes.c_uint32,
+        [c_char_p, c_char_p, ctypes.POINTER(LlamaModelQuantizeParams)],
+    )
+
+
+def _check_quantize_layout(lib: ctypes.CDLL, path: Path) -> None:
+    """The defaults llama.cpp hands back must read as its source says they are; a struct
+    layout that differs from the library's would scramble them (and every call after)."""
+    d = lib.llama_model_quantize_default_params()
+    ok = (
+        d.nthread == 0
+        and d.output_tensor_type == GGML_TYPE_COUNT
+        and d.token_embedding_type == GGML_TYPE_COUNT
+        and d.quantize_output_tensor
+        and not (d.allow_requantize or d.only_copy or d.pure or d.keep_split or d.dry_run)
+        and not (d.imatrix or d.kv_overrides or d.tt_overrides or d.prune_layers)
+        and d.max_buf_size > 0
+    )
+    if not ok:
+        raise NativeLibraryError(
+            f"{path}: llama_model_quantize_params does not match streamtts/_llama.py "
+            f"(defaults read back as ftype={d.ftype}, output_tensor_type={d.output_tensor_type}, "
+            f"max_buf_size={d.max_buf_size}); rebuild with `native/build.sh`"
+        )
+
+
+_llama_lock = threading.Lock()
+_llama_lib: ctypes.CDLL | None = None
+
+
+def load_llama() -> ctypes.CDLL:
+    """libllama from the loaded bridge's folder, with the quantize symbols declared (once)."""
+    global _llama_lib
+    bridge = load_bridge()
+    with _llama_lock:
+        if _llama_lib is None:
+            # stt_system_info runs the bridge's one-time init: llama.cpp's log lines go to the
+            # bridge's callback (quiet unless STREAMTTS_LLAMA_LOG, errors kept for messages)
+            # and llama_backend_init has run.
+            bridge.stt_system_info()
+            bridge_path = loaded_path()
+            assert bridge_path is not None
+            path = bridge_path.parent / LLAMA_LIB_NAME
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:
+                raise NativeLibraryError(f"cannot load {path}: {exc}; {BUILD_HINT}") from exc
+            _declare_llama(lib)
+            _check_quantize_layout(lib, path)
+            _llama_lib = lib
+        return _llama_lib
