@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import re
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 import soundfile as sf
 import websockets
@@ -31,6 +31,9 @@ from websockets.uri import parse_uri
 
 from streamtts.server.hosts import HostAllowList
 from streamtts.server.logs import RateLimitedLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from upload_bomb_rss import MAX_VOICE_BYTES, flac_bomb, peak_rss_during  # noqa: E402
 
 SHORT = "Hello there, this is a short test."
 BASE = ["--max-streams", "4", "--n-threads", "2", "--segment-max-new-tokens", "44"]
@@ -222,50 +225,6 @@ def test_deep_nesting_over_http_is_a_400_in_the_openai_shape(server: Any, body: 
 
 
 # -- 2. decompression bomb ----------------------------------------------------------------------
-
-
-def flac_bomb(size: int, known_length: bool = True) -> bytes:
-    """A FLAC file of ``size`` bytes or a little less: a constant 48 kHz stereo signal, its 20
-    minutes' frames repeated (about 25 hours in 16 MiB; tens of GB decoded). Without
-    ``known_length`` its header gives no length, as a streamed FLAC's does."""
-    buf = io.BytesIO()
-    with sf.SoundFile(buf, "w", 48000, 2, format="FLAC", subtype="PCM_16") as f:
-        block = np.full((48000 * 10, 2), 0.25, np.float32)
-        for _ in range(6 * 20):
-            f.write(block)
-    data = buf.getvalue()
-    pos = 4  # after "fLaC": metadata blocks, the last one flagged
-    while True:
-        last, length = data[pos] & 0x80, int.from_bytes(data[pos + 1 : pos + 4], "big")
-        pos += 4 + length
-        if last:
-            break
-    frames = data[pos:]
-    bomb = bytearray(data[:pos] + frames * ((size - pos) // len(frames)))
-    if not known_length:  # STREAMINFO's 36-bit total-samples field = 0: unknown
-        bomb[8 + 13] &= 0xF0
-        bomb[8 + 14 : 8 + 18] = bytes(4)
-    return bytes(bomb)
-
-
-def proc_status_mib(pid: int, key: str) -> float:
-    text = open(f"/proc/{pid}/status").read()
-    m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
-    assert m, text
-    return int(m.group(1)) / 1024
-
-
-def peak_rss_during(pid: int, action: Any) -> tuple[float, float, Any]:
-    """(idle RSS, peak RSS while ``action()`` ran, its result), in MiB. The kernel's peak
-    (VmHWM) is reset first (clear_refs 5), so the peak is exactly this action's."""
-    idle = proc_status_mib(pid, "VmRSS")
-    with open(f"/proc/{pid}/clear_refs", "w") as f:
-        f.write("5")
-    result = action()
-    return idle, proc_status_mib(pid, "VmHWM"), result
-
-
-MAX_VOICE_BYTES = 16 << 20  # the server's default upload cap
 
 
 @pytest.mark.parametrize("known_length", [True, False], ids=["header-length", "no-length"])

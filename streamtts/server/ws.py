@@ -2,7 +2,7 @@
 
 Three tasks per connection:
 
-* *receiver*: reads frames, feeds the session, enforces the idle timeout;
+* *receiver*: reads frames, feeds the session, enforces the first-message and idle timeouts;
 * *runner*: iterates the speech pipeline (:class:`SegmentedSpeech`) and feeds
   its audio and segment events to the session;
 * *sender*: writes the outbox (every frame, in order) to the socket.
@@ -13,7 +13,8 @@ pauses a stream whose audio is not taken). A client that, with its buffer
 full, takes less than ``min_read_rate`` seconds of audio per second over
 ``send_stall_s`` is too slow to play in real time (or stopped reading): it is
 dropped (close 1008) and its generation aborted. A disconnect ends the receiver; the runner is cancelled
-at once, which aborts the generation before the engine's next step.
+at once, which aborts the generation before the engine's next step. A task that dies of an
+exception (a bug) is logged and the client gets ``internal_error`` (1011), not a dropped socket.
 """
 
 from __future__ import annotations
