@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import socket
 import sys
 import time
@@ -421,20 +422,23 @@ def test_invalid_utf8_closes_1007_cleanly_without_a_traceback(server: Any) -> No
 
 def test_refusals_are_rate_limited_one_line_info(serve: Any) -> None:
     srv = serve(*BASE, "--max-sessions", "2", "--token", "s3cret", "--no-warmup")
-    n = 60
-    for i in range(n):  # refused handshakes: no token, foreign Host, invalid UTF-8
-        if i % 3 == 0:
+    for i in range(80):  # no token, foreign Host, invalid UTF-8, not HTTP at all
+        if i % 4 == 0:
             ws = RawWs(srv.port)
             assert ws.status == 401
             ws.close()
-        elif i % 3 == 1:
+        elif i % 4 == 1:
             assert httpx.get(srv.http + "/v1/voices", headers={"Host": "evil.example"}).status_code == 403
-        else:
+        elif i % 4 == 2:
             ws = RawWs(srv.port, {"Authorization": "Bearer s3cret"})
             ws.send_frame(Frame(Opcode.TEXT, b"\xff"))
             assert ws.read_until_closed().close_code == 1007
+        else:
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+                sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+                assert sock.recv(1024).startswith(b"HTTP/1.1 400")
     text = log_text(srv)
-    refusals = [line for line in text.splitlines() if "refused" in line or "closed WebSocket" in line]
+    refusals = [line for line in text.splitlines() if re.search("refused|closed WebSocket|Invalid HTTP", line)]
     # 10 lines a minute; the flood may straddle one window boundary
     assert 1 <= len(refusals) <= 20, refusals
     assert "Traceback" not in text and "ERROR" not in text and "without completing handshake" not in text
