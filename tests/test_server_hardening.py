@@ -38,7 +38,7 @@ from upload_bomb_rss import MAX_VOICE_BYTES, flac_bomb, peak_rss_during  # noqa:
 
 SHORT = "Hello there, this is a short test."
 BASE = ["--max-streams", "4", "--n-threads", "2", "--segment-max-new-tokens", "44"]
-FIRST_MESSAGE_S = 2
+FIRST_MESSAGE_S = 3  # long enough for the test to see the silent sockets hold every slot
 
 
 @pytest.fixture(scope="module")
