@@ -45,6 +45,25 @@ def add_parser(sub: Any) -> None:
         help="browser origin allowed besides the server's own (repeatable; * = any)",
     )
     p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        help="Host name answered besides IP addresses, localhost and --host (repeatable; "
+        "* = any, e.g. behind a proxy that checks Host): the DNS-rebinding defence",
+    )
+    p.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        default=0,
+        help="sessions at once from one client address (default 0 = no cap but --max-sessions)",
+    )
+    p.add_argument(
+        "--first-message-timeout",
+        type=float,
+        default=5.0,
+        help="close a WebSocket that sends nothing this long after connecting (s)",
+    )
+    p.add_argument(
         "--idle-timeout", type=float, default=60.0, help="close a session quiet this long (s)"
     )
     p.add_argument("--ping-interval", type=float, default=20.0, help="WebSocket ping interval (s)")
@@ -120,6 +139,7 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
         max_text_chars=args.max_text_chars,
         max_session_chars=args.max_session_chars,
         idle_timeout_s=args.idle_timeout,
+        first_message_timeout_s=args.first_message_timeout,
         min_chars=args.min_chars,
         clause_min_chars=args.clause_min_chars,
         max_chars=args.max_chars,
@@ -129,7 +149,10 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
         session=session,
         max_sessions=args.max_sessions or max_streams,
         token=args.token or None,
+        max_sessions_per_client=args.max_sessions_per_client or None,
         allowed_origins=tuple(args.allowed_origin),
+        allowed_hosts=tuple(args.allowed_host),
+        bind_host=args.host,
         send_buffer_s=args.send_buffer,
         send_stall_s=args.send_stall,
         min_read_rate=args.min_read_rate,
@@ -148,6 +171,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     from .engine.frontend import Engine
     from .server.app import create_app
+    from .server.uvicorn_ws import WebSocketProtocol
 
     if not args.config:
         print("streamtts: no --config given: using the synthetic demo model", file=sys.stderr)
@@ -166,7 +190,7 @@ async def serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
         app,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,  # uvicorn's websockets-sansio, closing cleanly on errors
         ws_max_size=settings.ws_max_size,
         ws_ping_interval=settings.ping_interval_s,
         ws_ping_timeout=settings.ping_timeout_s,

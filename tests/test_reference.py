@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +10,11 @@ import pytest
 import soundfile as sf
 
 from streamtts.audio.reference import (
+    MAX_CHANNELS,
     MAX_REFERENCE_S,
+    MAX_SAMPLE_RATE,
     MIN_REFERENCE_S,
+    MIN_SAMPLE_RATE,
     encode_reference,
     load_reference,
     loudness_normalize,
@@ -231,3 +235,56 @@ def test_encode_reference_with_the_demo_encoder(demo_model_dir: Path) -> None:
         encode_reference(enc, wav[:-5])
     with pytest.raises(ReferenceAudioError, match="1-D"):
         encode_reference(enc, wav.reshape(1, -1))
+
+
+# -- untrusted files: the header is checked first, decoding is bounded ----------------------------
+
+
+def _bomb(known_length: bool) -> bytes:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from upload_bomb_rss import flac_bomb
+
+    return bytes(flac_bomb(2 << 20, known_length))  # 2 MiB of FLAC: ~3 hours of 48 kHz stereo
+
+
+def _peak_bytes(source: bytes) -> tuple[int, str]:
+    """Peak traced allocation (numpy's buffers included) while loading ``source`` is refused,
+    and the error's message."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        msg = _err(source)
+        return tracemalloc.get_traced_memory()[1], msg
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_long_file_is_refused_from_its_header_before_decoding() -> None:
+    data = _bomb(known_length=True)
+    peak, msg = _peak_bytes(data)
+    assert "too long" in msg and "by its FLAC/PCM_16 header" in msg
+    assert peak < 2 << 20, f"{peak} bytes allocated: it was decoded"  # decoded: ~4 GB
+
+
+def test_decoding_stops_past_the_limit_when_the_header_gives_no_length() -> None:
+    data = _bomb(known_length=False)
+    assert sf.info(io.BytesIO(data)).frames == (1 << 63) - 1  # libsndfile: length unknown
+    peak, msg = _peak_bytes(data)
+    assert "too long" in msg and "header did not say" in msg
+    bound = int(MAX_REFERENCE_S * 48000) * 4  # one 30 s mono float32 buffer
+    assert peak < bound + (2 << 20), f"{peak} bytes allocated for a {bound}-byte bound"
+
+
+def test_rate_and_channel_limits_from_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "nine.wav"
+    sf.write(path, np.zeros((SR, 9), np.float32) + 0.1, SR)
+    msg = _err(path)
+    assert "9 channels" in msg and f"at most {MAX_CHANNELS}" in msg
+    path = tmp_path / "low.wav"
+    sf.write(path, _sine(4000, 1.0, 300.0), 4000)
+    msg = _err(path)
+    assert "4000 Hz" in msg and f"{MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}" in msg
+    assert "sample rate" in _err(_sine(SR, 1.0), MAX_SAMPLE_RATE * 2)  # arrays too

@@ -158,6 +158,30 @@ def test_resampled_session_flushes_the_resampler_tail() -> None:
     assert decode_audio(data, get_format("pcm_s16le_16000")).size == 16000
 
 
+def test_cancel_before_start_sends_done_then_closes() -> None:
+    s, _ = make()
+    acts = send(s, {"type": "cancel"})
+    done = messages(acts)
+    assert done == [{
+        "type": "done", "reason": "cancelled", "segments": 0, "frames": 0, "audio_s": 0.0,
+        "ttfa_ms": None, "rtf": None, "chars": 0,
+    }]  # fmt: skip
+    assert acts[-1] == Close(CloseCode.NORMAL, "cancelled") and s.closed
+
+
+def test_first_message_timeout() -> None:
+    s, _ = make(first_message_timeout_s=2)
+    assert not s.heard
+    s.first_message_timeout()
+    acts = s.actions()
+    (err,) = messages(acts)
+    assert err["code"] == ErrorCode.FIRST_MESSAGE_TIMEOUT and err["fatal"] and "2 s" in err["message"]
+    assert acts[-1] == Close(CloseCode.POLICY, ErrorCode.FIRST_MESSAGE_TIMEOUT)
+    s, _ = make()
+    s.receive_bytes(b"x")  # any frame counts as the first message
+    assert s.heard
+
+
 def test_cancel_aborts_and_closes() -> None:
     s, _ = make()
     send(s, {"type": "text", "text": "Something long enough to be a segment. More"})
@@ -171,33 +195,71 @@ def test_cancel_aborts_and_closes() -> None:
 
 
 @pytest.mark.parametrize(
-    "raw,code",
+    "raw,code,may_be_start",
     [
-        ("{not json", ErrorCode.INVALID_JSON),
-        ('{"type": "speak", "text": "hi"}', ErrorCode.UNKNOWN_TYPE),
-        ('{"type": 5}', ErrorCode.UNKNOWN_TYPE),
-        ('{"text": "hi"}', ErrorCode.INVALID_MESSAGE),
-        ('{"type": "text", "text": 42}', ErrorCode.INVALID_MESSAGE),
-        ('{"type": "text"}', ErrorCode.INVALID_MESSAGE),
-        ('{"type": "text", "text": "hi", "extra": 1}', ErrorCode.INVALID_MESSAGE),
-        ('{"type": "start", "seed": "seven"}', ErrorCode.INVALID_MESSAGE),
-        ('{"type": "start", "sampling": {"audio_temperature": "hot"}}', ErrorCode.INVALID_MESSAGE),
-        ("[1, 2]", ErrorCode.INVALID_MESSAGE),
-        ('"text"', ErrorCode.INVALID_MESSAGE),
+        ("{not json", ErrorCode.INVALID_JSON, True),
+        ('{"type": "speak", "text": "hi"}', ErrorCode.UNKNOWN_TYPE, False),
+        ('{"type": 5}', ErrorCode.UNKNOWN_TYPE, False),
+        ('{"text": "hi"}', ErrorCode.INVALID_MESSAGE, True),
+        ('{"type": "text", "text": 42}', ErrorCode.INVALID_MESSAGE, False),
+        ('{"type": "text"}', ErrorCode.INVALID_MESSAGE, False),
+        ('{"type": "text", "text": "hi", "extra": 1}', ErrorCode.INVALID_MESSAGE, False),
+        ('{"type": "start", "seed": "seven"}', ErrorCode.INVALID_MESSAGE, True),
+        ('{"type": "start", "sampling": {"audio_temperature": "hot"}}', ErrorCode.INVALID_MESSAGE, True),
+        ("[1, 2]", ErrorCode.INVALID_MESSAGE, False),
+        ('"text"', ErrorCode.INVALID_MESSAGE, False),
+        ("[" * 1000, ErrorCode.INVALID_MESSAGE, True),  # nested too deeply to read its type
+        ('{"type": "start", "seed": ' + "[" * 30000 + "]" * 30000 + "}", ErrorCode.INVALID_MESSAGE, True),
+        ('{"type": "text", "text": "hi", "x": ' + "[" * 30000 + "]" * 30000 + "}", ErrorCode.INVALID_MESSAGE, True),
     ],
 )
-def test_bad_messages_get_an_error_and_the_session_stays_usable(raw: str, code: str) -> None:
-    s, _ = make()
+def test_bad_messages_get_an_error_and_the_session_stays_usable(raw: str, code: str, may_be_start: bool) -> None:
+    s, _ = make(max_message_bytes=1 << 20)
     err = only_error(send(s, raw))
     assert err["code"] == code and err["message"] and err["fatal"] is False
     acts = send(s, {"type": "text", "text": "Still works.", "flush": True})
+    if may_be_start:
+        # It may have been the client's `start`: text does not start the session with defaults.
+        assert only_error(acts)["code"] == ErrorCode.NOT_STARTED and s.state == "idle"
+        acts = send(s, {"type": "start"}) + send(s, {"type": "text", "text": "Still works.", "flush": True})
     assert Synthesize(0, "Still works.") in acts
+
+
+def test_deep_nesting_is_named_in_the_error() -> None:
+    s, _ = make(max_message_bytes=1 << 20)
+    for raw in ("[" * 1000, '{"type": "start", "seed": ' + "[" * 30000 + "]" * 30000 + "}"):
+        assert "nested too deeply" in only_error(send(s, raw))["message"]
+
+
+def test_every_refused_start_leaves_the_session_waiting() -> None:
+    """A `start` refused for a wrong field type is handled like one refused for a bad value."""
+    for bad in (
+        {"type": "start", "seed": "7", "format": "ulaw_8000"},  # wrong type: decoding refuses it
+        {"type": "start", "format": "nope"},  # a bad value: the session refuses it
+        "x" * 300,  # too large to read: it may have been the start
+    ):
+        s, _ = make(max_message_bytes=200)
+        assert only_error(send(s, bad))["code"] in (
+            ErrorCode.INVALID_MESSAGE, ErrorCode.INVALID_FORMAT, ErrorCode.MESSAGE_TOO_LARGE
+        )
+        for msg in ({"type": "text", "text": "Hello there."}, {"type": "flush"}, {"type": "end"}):
+            assert only_error(send(s, msg))["code"] == ErrorCode.NOT_STARTED, (bad, msg)
+        assert s.state == "idle" and not any(isinstance(a, Configure) for a in s.actions())
+        acts = send(s, {"type": "start", "format": "ulaw_8000"})
+        assert messages(acts)[0]["format"] == "ulaw_8000"
+
+
+def test_a_refused_message_after_the_start_changes_nothing() -> None:
+    s, _ = make()
+    send(s, {"type": "start", "format": "ulaw_8000"})
+    assert only_error(send(s, "{oops"))["code"] == ErrorCode.INVALID_JSON
+    assert Synthesize(0, "Still works.") in send(s, {"type": "text", "text": "Still works.", "flush": True})
 
 
 def test_decoder_is_built_once_and_decodes_every_type() -> None:
     for raw in ('{"type":"start"}', '{"type":"text","text":"a"}', '{"type":"flush"}', '{"type":"end"}', '{"type":"cancel"}'):
-        msg, err = decode_client(raw)
-        assert err is None and msg is not None
+        d = decode_client(raw)
+        assert d.error is None and d.message is not None and not d.may_be_start
 
 
 def test_binary_frames_are_refused_but_harmless() -> None:
@@ -217,6 +279,7 @@ def test_text_after_end() -> None:
 
 def test_limits() -> None:
     s, _ = make(max_message_bytes=200, max_text_chars=50, max_session_chars=80)
+    send(s, {"type": "start"})  # (before any start, a message too large to read may be the start)
     assert only_error(send(s, {"type": "text", "text": "x" * 300}))["code"] == ErrorCode.MESSAGE_TOO_LARGE
     assert only_error(send(s, {"type": "text", "text": "e" * 60}))["code"] == ErrorCode.TEXT_TOO_LONG
     send(s, {"type": "text", "text": "y" * 50})

@@ -14,6 +14,12 @@ Length limits (of the clip as given, before padding):
   rows (375 frames -> 408 rows at 30 s), which must leave room in ``n_ctx``
   for the text and the generated speech; longer clips also do not clone
   better.
+
+Files are untrusted input (the server decodes uploads): a few hundred KB of
+FLAC can hold hours of audio. The header (rate, channels, length) is checked
+before any sample is decoded, and decoding reads blockwise into a buffer of
+``MAX_REFERENCE_S`` of mono samples, stopping one block past it, so a header
+that lies about the length costs no more memory than a 30 s clip.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ log = logging.getLogger(__name__)
 MIN_REFERENCE_S = 0.5
 MAX_REFERENCE_S = 30.0
 MAX_CHANNELS = 8
+MIN_SAMPLE_RATE = 8000  # below this a clip carries too little of a voice (telephone speech is 8 kHz)
+MAX_SAMPLE_RATE = 192_000  # bounds the decoded size of a 30 s clip
+_BLOCK_FRAMES = 1 << 15  # frames decoded per read (x channels x 4 bytes)
+_UNKNOWN_FRAMES = (1 << 63) - 1  # libsndfile's SF_COUNT_MAX: a stream whose header has no length
 TARGET_DBFS = -20.0
 MAX_GAIN_DB = 3.0
 
@@ -73,7 +83,11 @@ def _describe(source: object) -> str:
 
 def _read_encoded(
     source: str | Path | bytes | bytearray | memoryview, name: str
-) -> tuple[np.ndarray, int]:
+) -> tuple[np.ndarray, int, int]:
+    """Mono float32 samples, sample rate and channel count of an audio file.
+
+    The header is checked first; decoding is bounded (see the module doc).
+    """
     import soundfile as sf
 
     if isinstance(source, (str, Path)):
@@ -86,14 +100,61 @@ def _read_encoded(
     else:
         if len(source) == 0:
             raise ReferenceAudioError("reference audio: empty (0 bytes)")
-        target = io.BytesIO(bytes(source))
+        target = io.BytesIO(source if isinstance(source, bytes) else bytes(source))  # bytes: no copy
     try:
-        data, sr = sf.read(target, dtype="float32", always_2d=True)
+        with sf.SoundFile(target) as f:
+            _check_header(f.samplerate, f.channels, f.frames, name, f"{f.format}/{f.subtype}")
+            return _decode_bounded(f, name), int(f.samplerate), int(f.channels)
+    except ReferenceAudioError:
+        raise
     except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as exc:
         raise ReferenceAudioError(
             f"reference audio {name}: cannot read it as wav/flac/ogg audio ({exc})"
         ) from exc
-    return data, int(sr)
+
+
+def _check_header(sr: int, channels: int, frames: int, name: str, fmt: str = "") -> None:
+    """Refuse what the header alone (``fmt``: its format) shows to be unusable, before decoding."""
+    what = f"{fmt} " if fmt else ""
+    if not MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE:
+        raise ReferenceAudioError(
+            f"reference audio {name}: {what}at {sr} Hz; the sample rate must be "
+            f"{MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz"
+        )
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise ReferenceAudioError(
+            f"reference audio {name}: {what}with {channels} channels; at most {MAX_CHANNELS}"
+        )
+    if frames != _UNKNOWN_FRAMES and frames / sr > MAX_REFERENCE_S:
+        said = f" by its {fmt} header" if fmt else ""
+        raise ReferenceAudioError(
+            f"reference audio {name}: too long ({frames / sr:.1f} s{said}; at most "
+            f"{MAX_REFERENCE_S:.0f} s, trim it to a few seconds of clean speech)"
+        )
+
+
+def _decode_bounded(f: object, name: str) -> np.ndarray:
+    """Decode to mono into a buffer of MAX_REFERENCE_S (+1 sample: more = too long)."""
+    import soundfile as sf
+
+    assert isinstance(f, sf.SoundFile)
+    limit = int(MAX_REFERENCE_S * f.samplerate) + 1
+    mono = np.empty(limit, dtype=np.float32)
+    block = np.empty((_BLOCK_FRAMES, f.channels), dtype=np.float32)
+    n = 0
+    while n < limit:
+        got = f.buffer_read_into(block, dtype="float32")
+        if got == 0:
+            break
+        take = min(got, limit - n)
+        np.mean(block[:take], axis=1, dtype=np.float32, out=mono[n : n + take])
+        n += take
+    if n >= limit:
+        raise ReferenceAudioError(
+            f"reference audio {name}: too long (more than {MAX_REFERENCE_S:.0f} s of audio, "
+            "which its header did not say; trim it to a few seconds of clean speech)"
+        )
+    return mono[:n]
 
 
 def _array_frames_channels(x: np.ndarray, name: str) -> np.ndarray:
@@ -134,9 +195,11 @@ def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> n
         if sample_rate is None:
             raise ReferenceAudioError(f"reference audio {name}: an array needs its sample_rate")
         data = _as_float(_array_frames_channels(source, name), name)
-        sr = int(sample_rate)
+        sr, channels = int(sample_rate), data.shape[1]
+        _check_header(sr, channels, data.shape[0], name)
+        mono = data.mean(axis=1, dtype=np.float32) if channels > 1 else data[:, 0]
     elif isinstance(source, (str, Path, bytes, bytearray, memoryview)):
-        data, sr = _read_encoded(source, name)
+        mono, sr, channels = _read_encoded(source, name)
         if sample_rate is not None and int(sample_rate) != sr:
             raise ReferenceAudioError(
                 f"reference audio {name}: the file is {sr} Hz, not {sample_rate} Hz"
@@ -145,24 +208,16 @@ def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> n
         raise ReferenceAudioError(
             f"reference audio must be a path, file bytes or a numpy array, got {type(source).__name__}"
         )
-    if sr <= 0:
-        raise ReferenceAudioError(f"reference audio {name}: invalid sample rate {sr}")
-    n = data.shape[0]
+    n = mono.shape[0]
     if n == 0:
         raise ReferenceAudioError(f"reference audio {name}: empty (no samples)")
-    if not np.all(np.isfinite(data)):
+    if not np.all(np.isfinite(mono)):  # a NaN or inf in any channel survives the mix-down
         raise ReferenceAudioError(f"reference audio {name}: has non-finite samples (NaN or inf)")
     seconds = n / sr
     if seconds < MIN_REFERENCE_S:
         raise ReferenceAudioError(
             f"reference audio {name}: too short ({seconds:.2f} s; at least {MIN_REFERENCE_S} s needed)"
         )
-    if seconds > MAX_REFERENCE_S:
-        raise ReferenceAudioError(
-            f"reference audio {name}: too long ({seconds:.1f} s; at most {MAX_REFERENCE_S:.0f} s, "
-            "trim it to a few seconds of clean speech)"
-        )
-    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
     if float(np.max(np.abs(mono))) < 1e-6:
         raise ReferenceAudioError(f"reference audio {name}: silent")
     if sr != SAMPLE_RATE:
@@ -178,7 +233,7 @@ def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> n
         name,
         seconds,
         sr,
-        data.shape[1],
+        channels,
         wav.shape[0] // FRAME_SAMPLES,
     )
     return np.ascontiguousarray(wav, dtype=np.float32)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ReferenceAudioError, StreamTTSError
 from ..request import Voice
+from .hosts import HostAllowList, HostCheckMiddleware
+from .logs import UvicornRefusalFilter
 from .metrics import CONTENT_TYPE
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
@@ -69,22 +71,28 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await engine.start()
-        if settings.warmup:
-            # The first generation pays one-off costs (thread start-up, ONNX session warm-up);
-            # pay them before the first client does.
-            await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
-        state.ready = True
-        log.info("streamtts server ready (max %d sessions)", settings.max_sessions)
-        try:
-            yield
-        finally:
-            state.closing = True
-            state.ready = False
-            if own_engine:
-                await engine.aclose()
+        with uvicorn_refusals_quiet():
+            await engine.start()
+            if settings.warmup:
+                # The first generation pays one-off costs (thread start-up, ONNX session
+                # warm-up); pay them before the first client does.
+                await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
+            state.ready = True
+            log.info("streamtts server ready (max %d sessions)", settings.max_sessions)
+            try:
+                yield
+            finally:
+                state.closing = True
+                state.ready = False
+                if own_engine:
+                    await engine.aclose()
 
-    middleware = []
+    def host_refused() -> None:
+        state.metrics.errors_total.inc(code=ErrorCode.FORBIDDEN_HOST)
+
+    # Outermost: a request for a foreign Host (DNS rebinding) reaches nothing else.
+    hosts = HostAllowList(settings.allowed_hosts, settings.bind_host)
+    middleware = [Middleware(HostCheckMiddleware, allow=hosts, on_refused=host_refused)]
     if settings.allowed_origins:
         middleware.append(
             Middleware(
@@ -111,6 +119,19 @@ def create_app(
     )
     app.state.streamtts = state
     return app
+
+
+@contextlib.contextmanager
+def uvicorn_refusals_quiet() -> Iterator[None]:
+    """While serving: uvicorn's lines about malformed client requests are rate-limited and
+    lose their tracebacks (see logs.py)."""
+    uv = logging.getLogger("uvicorn.error")
+    f = UvicornRefusalFilter()
+    uv.addFilter(f)
+    try:
+        yield
+    finally:
+        uv.removeFilter(f)
 
 
 def _state(request: Request) -> ServerState:

@@ -7,6 +7,7 @@ encodes server messages. Audio goes as binary frames, never as JSON.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -29,6 +30,7 @@ __all__ = [
     "Cancel",
     "ClientMessage",
     "CloseCode",
+    "Decoded",
     "Done",
     "End",
     "Error",
@@ -172,11 +174,14 @@ class ErrorCode:
     CODEC_ERROR = "codec_error"
     IDLE_TIMEOUT = "idle_timeout"
     SLOW_CLIENT = "slow_client"
+    FIRST_MESSAGE_TIMEOUT = "first_message_timeout"  # connected, then silent
+    TOO_MANY_SESSIONS = "too_many_sessions"  # this client address is at its session cap
     SERVER_SHUTDOWN = "server_shutdown"
     INTERNAL_ERROR = "internal_error"
     # HTTP only
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN_ORIGIN = "forbidden_origin"
+    FORBIDDEN_HOST = "forbidden_host"  # Host header not allowed (DNS rebinding)
     INVALID_REQUEST = "invalid_request"
     INVALID_REFERENCE_AUDIO = "invalid_reference_audio"
     NOT_FOUND = "not_found"
@@ -187,42 +192,71 @@ class CloseCode:
 
     NORMAL = 1000  # after `done`
     GOING_AWAY = 1001  # server shutting down
-    POLICY = 1008  # a limit was broken: idle timeout, slow reader
+    POLICY = 1008  # a limit was broken: idle / first-message timeout, slow reader; bad Host
     TOO_BIG = 1009  # a message over the hard size limit (closed by the websockets library)
     INTERNAL = 1011  # generation / codec / server failure
     TRY_AGAIN_LATER = 1013  # overloaded: all sessions / engine queue busy
 
 
-def decode_client(data: str | bytes) -> tuple[ClientMessage | None, Error | None]:
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded client frame: the message, or the error to answer it with."""
+
+    message: ClientMessage | None
+    error: Error | None = None
+    # The refused message is a `start`, or its type cannot be read (not JSON, nested too
+    # deeply, too large, no `type`): it may have been the client's `start`.
+    may_be_start: bool = False
+
+
+def decode_client(data: str | bytes) -> Decoded:
     """Decode one client text frame; on failure an :class:`Error` with the right code."""
     try:
-        return DECODER.decode(data), None
+        return Decoded(DECODER.decode(data))
     except msgspec.ValidationError as exc:
-        return None, _classify(data, exc)
+        return _classify(data, exc)
     except msgspec.DecodeError as exc:
-        return None, Error(code=ErrorCode.INVALID_JSON, message=f"not valid JSON: {exc}")
+        return Decoded(None, Error(code=ErrorCode.INVALID_JSON, message=f"not valid JSON: {exc}"), True)
+    except RecursionError:  # msgspec's guard against deep nesting: a clean error, not a crash
+        return _too_deep()
 
 
-def _classify(data: str | bytes, exc: msgspec.ValidationError) -> Error:
+def _too_deep() -> Decoded:
+    return Decoded(
+        None,
+        Error(code=ErrorCode.INVALID_MESSAGE, message="the message is nested too deeply"),
+        True,
+    )
+
+
+def _classify(data: str | bytes, exc: msgspec.ValidationError) -> Decoded:
     # Error path only: decode again loosely to tell an unknown `type` from a bad field.
     try:
         obj: Any = msgspec.json.decode(data)
+    except RecursionError:
+        return _too_deep()
     except msgspec.DecodeError:  # pragma: no cover - DECODER would have said so
         obj = None
     if not isinstance(obj, dict):
-        return Error(
-            code=ErrorCode.INVALID_MESSAGE,
-            message=f"a message must be a JSON object with a `type`: {exc}",
+        return Decoded(
+            None,
+            Error(
+                code=ErrorCode.INVALID_MESSAGE,
+                message=f"a message must be a JSON object with a `type`: {exc}",
+            ),
         )
     kind = obj.get("type")
     if "type" not in obj:
-        return Error(code=ErrorCode.INVALID_MESSAGE, message="the message has no `type` field")
+        err = Error(code=ErrorCode.INVALID_MESSAGE, message="the message has no `type` field")
+        return Decoded(None, err, True)
     if not isinstance(kind, str) or kind not in CLIENT_TYPES:
-        return Error(
+        err = Error(
             code=ErrorCode.UNKNOWN_TYPE,
             message=f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}",
         )
-    return Error(code=ErrorCode.INVALID_MESSAGE, message=f"invalid {kind!r} message: {exc}")
+        return Decoded(None, err)
+    err = Error(code=ErrorCode.INVALID_MESSAGE, message=f"invalid {kind!r} message: {exc}")
+    return Decoded(None, err, kind == "start")
 
 
 def encode(msg: ServerMessage) -> str:

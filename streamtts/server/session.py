@@ -11,7 +11,10 @@ it directly (tests/test_server_session.py).
 States::
 
     idle --start/text/flush/end--> streaming --end--> ended --last segment done--> closed
-      \\___________________ cancel / fatal error / idle timeout / slow client ______/
+      \\______ cancel / fatal error / first-message or idle timeout / slow client ______/
+
+A refused `start` (or a message that may have been one: unreadable, too large)
+leaves the session idle until a corrected `start`; text before that is refused.
 
 Text is cut into segments by :class:`streamtts.text.segmenter.Segmenter`; each
 segment becomes a :class:`Synthesize` action. Audio comes back as float32 at
@@ -88,6 +91,9 @@ class SessionSettings:
     max_text_chars: int = 10_000  # per text message
     max_session_chars: int = 200_000
     idle_timeout_s: float = 60.0
+    # Connected and silent this long: closed (a socket that never speaks must not hold a slot
+    # for the whole idle timeout).
+    first_message_timeout_s: float = 5.0
     default_format: str = "pcm_s16le_24000"
     min_chars: int = DEFAULT_MIN_CHARS
     clause_min_chars: int = DEFAULT_CLAUSE_MIN_CHARS
@@ -183,6 +189,7 @@ class Session:
         self._out: list[Action] = []
         self.n = _Numbers()
         self.close_code: int | None = None
+        self.heard = False  # a first message (any frame) arrived
         self._start_refused = False
 
     # -- outputs ---------------------------------------------------------------------------------
@@ -204,16 +211,21 @@ class Session:
     def receive_text(self, data: str) -> None:
         if self.closed:
             return
+        self.heard = True
         limit = self.settings.max_message_bytes
         if len(data) * 4 > limit and len(data.encode("utf-8", "surrogatepass")) > limit:
-            self._error(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"message is over the {limit}-byte limit; send text in smaller pieces",
+            self._refuse(
+                Error(
+                    code=ErrorCode.MESSAGE_TOO_LARGE,
+                    message=f"message is over the {limit}-byte limit; send text in smaller pieces",
+                ),
+                may_be_start=True,
             )
             return
-        msg, err = decode_client(data)
-        if err is not None:
-            self._send(err)
+        decoded = decode_client(data)
+        msg = decoded.message
+        if decoded.error is not None:
+            self._refuse(decoded.error, decoded.may_be_start)
             return
         if isinstance(msg, Start):
             self._on_start(msg)
@@ -229,6 +241,7 @@ class Session:
     def receive_bytes(self, data: bytes) -> None:
         if self.closed:
             return
+        self.heard = True
         self._error(
             ErrorCode.BINARY_NOT_SUPPORTED,
             f"binary frames ({len(data)} bytes) are not accepted; send JSON text messages "
@@ -303,6 +316,17 @@ class Session:
         self._fatal(
             ErrorCode.IDLE_TIMEOUT,
             f"no message for {t:g} s; closing the idle session",
+            CloseCode.POLICY,
+        )
+
+    def first_message_timeout(self) -> None:
+        """No frame at all within ``first_message_timeout_s`` of connecting."""
+        if self.closed:
+            return
+        t = self.settings.first_message_timeout_s
+        self._fatal(
+            ErrorCode.FIRST_MESSAGE_TIMEOUT,
+            f"no message within {t:g} s of connecting; send `start` or `text` right after connecting",
             CloseCode.POLICY,
         )
 
@@ -387,8 +411,7 @@ class Session:
         if self.closed:
             return
         self._out.append(Abort())
-        if self.state != "idle":
-            self._send(self._done("cancelled"))
+        self._send(self._done("cancelled"))
         self._close(CloseCode.NORMAL, "cancelled")
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -397,7 +420,8 @@ class Session:
         if self._start_refused:
             self._error(
                 ErrorCode.NOT_STARTED,
-                "the session's `start` was refused (see the error before); send a corrected `start` first",
+                "the session's `start` (or a message that may have been it) was refused, see the "
+                "error before; send a corrected `start` first",
             )
             return False
         return self._begin(Start())
@@ -497,6 +521,14 @@ class Session:
             rtf=rtf,
             chars=n.chars,
         )
+
+    def _refuse(self, err: Error, may_be_start: bool) -> None:
+        """Answer a message that could not be read. One rule for every refused `start`: if
+        it may have been the session's `start`, the session waits for a corrected one (text
+        is refused with `not_started`) rather than starting with settings nobody asked for."""
+        if may_be_start and self.state == "idle":
+            self._start_refused = True
+        self._send(err)
 
     def _send(self, msg: ServerMessage) -> None:
         code = msg.code if isinstance(msg, Error) else None

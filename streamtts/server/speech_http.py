@@ -44,6 +44,7 @@ from ..engine.segmented import (
 )
 from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
+from .logs import REFUSALS
 from .protocol import ErrorCode, error_for_exception, request_limits
 from .state import ServerState
 
@@ -94,14 +95,17 @@ _STATUS = {
 def check_access(state: ServerState, request: Request) -> Response | None:
     """403 for a browser on a foreign origin, 401 without the token; None when allowed."""
     m = state.metrics
+    client = request.client.host if request.client else "?"
     if not state.origin_ok(request.headers):
         m.errors_total.inc(code=ErrorCode.FORBIDDEN_ORIGIN)
         origin = request.headers.get("origin")
+        REFUSALS.log("refused %s %s from %s: origin %r", request.method, request.url.path, client, origin)
         return error_response(
             403, ErrorCode.FORBIDDEN_ORIGIN, f"origin {origin!r} is not allowed", "permission_error"
         )
     if not state.token_ok(request.headers, request.query_params):
         m.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
+        REFUSALS.log("refused %s %s from %s: no valid token", request.method, request.url.path, client)
         return error_response(
             401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token", "authentication_error"
         )
@@ -148,6 +152,9 @@ async def speech_endpoint(request: Request) -> Response:
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:  # ConfigError too
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
         return error_response(400, ErrorCode.INVALID_REQUEST, str(exc))
+    except RecursionError:  # msgspec's guard against deep nesting
+        m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
+        return error_response(400, ErrorCode.INVALID_REQUEST, "the JSON body is nested too deeply")
     except LookupError as exc:
         m.errors_total.inc(code=ErrorCode.UNKNOWN_VOICE)
         return error_response(404, ErrorCode.UNKNOWN_VOICE, str(exc.args[0]))
@@ -166,13 +173,16 @@ async def speech_endpoint(request: Request) -> Response:
         return error_response(
             400, ErrorCode.INVALID_TEXT, "input has nothing to say (no letters or digits)"
         )
-    if not state.try_acquire("http"):
-        m.errors_total.inc(code=ErrorCode.OVERLOADED)
+    client = request.client.host if request.client else ""
+    refused = state.try_acquire("http", client)
+    if refused is not None:
+        m.errors_total.inc(code=refused)
+        per_client = refused == ErrorCode.TOO_MANY_SESSIONS
         resp = error_response(
-            503,
-            ErrorCode.OVERLOADED,
-            f"the server is at its limit of {state.settings.max_sessions} sessions; try again later",
-            "server_error",
+            429 if per_client else 503,
+            refused,
+            state.refusal_message(refused),
+            "rate_limit_error" if per_client else "server_error",
         )
         resp.headers["Retry-After"] = "1"
         return resp
@@ -182,7 +192,7 @@ async def speech_endpoint(request: Request) -> Response:
         nonlocal released
         if not released:
             released = True
-            state.release()
+            state.release(client)
 
     try:
         sp = SegmentedSpeech(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -10,6 +11,7 @@ from urllib.parse import urlsplit
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from ..errors import ConfigError
 from .metrics import ServerMetrics
+from .protocol import ErrorCode
 from .session import SessionSettings
 from .voices import VoiceStore
 
@@ -20,9 +22,15 @@ __all__ = ["ServerSettings", "ServerState"]
 class ServerSettings:
     session: SessionSettings = field(default_factory=SessionSettings)
     max_sessions: int = 8  # WebSocket sessions + HTTP speech requests at once; beyond: refused
+    # ... of them from one client address (None: no cap but max_sessions; on loopback every
+    # local client shares 127.0.0.1, so set it on servers others reach)
+    max_sessions_per_client: int | None = None
     token: str | None = None  # bearer token for /v1/*; None = open
     # extra browser origins ("*" = any); the page's own origin is always allowed
     allowed_origins: tuple[str, ...] = ()
+    # Host names answered besides IP literals, localhost and bind_host ("*" = any): hosts.py
+    allowed_hosts: tuple[str, ...] = ()
+    bind_host: str | None = None  # the address or name the server binds (`--host`)
     send_buffer_s: float = 30.0  # audio seconds queued per connection before generation waits
     # A client whose buffer is full must take min_read_rate s of audio per s over send_stall_s.
     send_stall_s: float = 10.0
@@ -41,6 +49,12 @@ class ServerSettings:
     def validate(self) -> ServerSettings:
         if self.max_sessions < 1:
             raise ConfigError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.max_sessions_per_client is not None and self.max_sessions_per_client < 1:
+            raise ConfigError(
+                f"max_sessions_per_client must be >= 1 (or None), got {self.max_sessions_per_client}"
+            )
+        if self.session.first_message_timeout_s <= 0 or self.session.idle_timeout_s <= 0:
+            raise ConfigError("first_message_timeout_s and idle_timeout_s must be > 0")
         if self.send_buffer_s <= 0 or self.send_stall_s <= 0:
             raise ConfigError("send_buffer_s and send_stall_s must be > 0")
         if self.session.max_message_bytes > self.ws_max_size:
@@ -61,22 +75,42 @@ class ServerState:
             lambda: engine.prefix_cache_info() if hasattr(engine, "prefix_cache_info") else {},
         )
         self.sessions = 0
+        self._per_client: Counter[str] = Counter()
         self.ready = False  # engine loaded and warmed up
         self.closing = False
 
     # -- session slots -----------------------------------------------------------------------
-    def try_acquire(self, kind: str) -> bool:
-        if self.sessions >= self.settings.max_sessions or self.closing:
+    def try_acquire(self, kind: str, client: str = "") -> str | None:
+        """Take a session slot for ``client`` (its address); None when taken, else the error
+        code of the refusal: ``overloaded`` (all slots busy) or ``too_many_sessions``."""
+        s = self.settings
+        if self.sessions >= s.max_sessions or self.closing:
             self.metrics.refused_total.inc(kind=kind)
-            return False
+            return ErrorCode.OVERLOADED
+        cap = s.max_sessions_per_client
+        if cap is not None and self._per_client[client] >= cap:
+            self.metrics.refused_total.inc(kind=kind)
+            return ErrorCode.TOO_MANY_SESSIONS
         self.sessions += 1
+        self._per_client[client] += 1
         self.metrics.sessions.set(self.sessions)
         self.metrics.sessions_total.inc(kind=kind)
-        return True
+        return None
 
-    def release(self) -> None:
+    def release(self, client: str = "") -> None:
         self.sessions -= 1
+        self._per_client[client] -= 1
+        if self._per_client[client] <= 0:
+            del self._per_client[client]
         self.metrics.sessions.set(self.sessions)
+
+    def refusal_message(self, code: str) -> str:
+        if code == ErrorCode.TOO_MANY_SESSIONS:
+            return (
+                f"this client address already has {self.settings.max_sessions_per_client} "
+                "sessions open (the limit per address); close one or try again later"
+            )
+        return f"the server is at its limit of {self.settings.max_sessions} sessions; try again later"
 
     # -- access checks -------------------------------------------------------------------------
     def token_ok(self, headers: Any, query: Any) -> bool:

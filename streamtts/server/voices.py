@@ -92,15 +92,18 @@ class VoiceStore:
         self._inflight[vid] = fut
         try:
             voice = await self._encode(data)
-        except asyncio.CancelledError:
-            fut.cancel()
-            raise
-        except Exception as exc:
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved: nobody else may be waiting
-            raise
-        finally:
+        except BaseException as exc:
             self._inflight.pop(vid, None)
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved: nobody else may be waiting
+            # The traceback holds this frame: without this, exception -> frame -> future ->
+            # exception is a cycle that keeps the upload's bytes (16 MiB) alive until the GC.
+            del fut
+            raise
+        self._inflight.pop(vid, None)
         voice = Voice(codes=voice.codes, name=name or voice.name)
         fut.set_result(voice)
         self.encoded += 1

@@ -2,7 +2,7 @@
 
 Three tasks per connection:
 
-* *receiver*: reads frames, feeds the session, enforces the idle timeout;
+* *receiver*: reads frames, feeds the session, enforces the first-message and idle timeouts;
 * *runner*: iterates the speech pipeline (:class:`SegmentedSpeech`) and feeds
   its audio and segment events to the session;
 * *sender*: writes the outbox (every frame, in order) to the socket.
@@ -13,7 +13,8 @@ pauses a stream whose audio is not taken). A client that, with its buffer
 full, takes less than ``min_read_rate`` seconds of audio per second over
 ``send_stall_s`` is too slow to play in real time (or stopped reading): it is
 dropped (close 1008) and its generation aborted. A disconnect ends the receiver; the runner is cancelled
-at once, which aborts the generation before the engine's next step.
+at once, which aborts the generation before the engine's next step. A task that dies of an
+exception (a bug) is logged and the client gets ``internal_error`` (1011), not a dropped socket.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..constants import FRAME_RATE
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
+from .hosts import deny_websocket
+from .logs import REFUSALS
 from .protocol import CloseCode, Error, ErrorCode, encode
 from .session import (
     Abort,
@@ -154,12 +157,16 @@ class WsConnection:
         self.receiver: asyncio.Task[None] | None = None
         self.urgent_close: Close | None = None
         self._ttfa_seen = False
+        self._client = ws.client.host if ws.client else "?"
 
     async def run(self) -> None:
         self.sender = asyncio.create_task(self._send_loop(), name=f"ws-send-{self.session.id}")
         self.receiver = asyncio.create_task(self._receive_loop(), name=f"ws-recv-{self.session.id}")
         try:
-            await asyncio.wait({self.sender, self.receiver}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {self.sender, self.receiver}, return_when=asyncio.FIRST_COMPLETED
+            )
+            await self._report_crash(done)
         finally:
             # Stop generating first: a disconnect must free the engine slot right away.
             self.session.connection_lost()
@@ -170,16 +177,40 @@ class WsConnection:
             if self.urgent_close is not None:
                 await self._close_now(self.urgent_close)
 
+    async def _report_crash(self, done: set[asyncio.Task[None]]) -> None:
+        """A task that died of an exception is a bug: log it once, tell the client (1011)."""
+        for task in done:
+            exc = None if task.cancelled() else task.exception()
+            if exc is None:
+                continue
+            log.error("session %s: %s failed", self.session.id, task.get_name(), exc_info=exc)
+            if self.session.closed:
+                return
+            self.session.internal_error(exc)
+            for a in self.session.actions():  # the sender may be the one that died: send here
+                if isinstance(a, SendText):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self.ws.send_text(a.data), _CLOSE_TIMEOUT_S)
+                elif isinstance(a, Close):
+                    self.urgent_close = a
+            return
+
     # -- receiving ----------------------------------------------------------------------------
     async def _receive_loop(self) -> None:
-        idle = self.settings.session.idle_timeout_s
+        limits = self.settings.session
         while True:
+            heard = self.session.heard
+            wait = limits.idle_timeout_s if heard else limits.first_message_timeout_s
             try:
-                msg = await asyncio.wait_for(self.ws.receive(), idle)
+                msg = await asyncio.wait_for(self.ws.receive(), wait)
             except TimeoutError:
                 if self.session.busy or len(self.outbox) or self.session.closed:
                     continue
-                self.session.idle_timeout()
+                if heard:
+                    self.session.idle_timeout()
+                else:
+                    REFUSALS.log("closed WebSocket from %s: silent after connecting", self._client)
+                    self.session.first_message_timeout()
                 await self._apply(self.session.actions())
                 continue
             except WebSocketDisconnect:
@@ -312,45 +343,32 @@ class WsConnection:
 
 async def websocket_endpoint(ws: WebSocket) -> None:
     state: ServerState = ws.app.state.streamtts
+    client = ws.client.host if ws.client else ""
     if not state.origin_ok(ws.headers):
+        origin = ws.headers.get("origin")
         state.metrics.errors_total.inc(code=ErrorCode.FORBIDDEN_ORIGIN)
-        await _deny(
-            ws,
-            403,
-            ErrorCode.FORBIDDEN_ORIGIN,
-            f"origin {ws.headers.get('origin')!r} is not allowed",
-        )
+        REFUSALS.log("refused WebSocket from %s: origin %r", client, origin)
+        await deny_websocket(ws, 403, ErrorCode.FORBIDDEN_ORIGIN, f"origin {origin!r} is not allowed")
         return
     if not state.token_ok(ws.headers, ws.query_params):
         state.metrics.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
-        await _deny(ws, 401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token")
+        REFUSALS.log("refused WebSocket from %s: no valid token", client)
+        await deny_websocket(ws, 401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token")
         return
-    if not state.try_acquire("ws"):
+    refused = state.try_acquire("ws", client)
+    if refused is not None:
         # Accept, then refuse: browsers cannot see a handshake's HTTP status, but they see
         # the error message and the close code.
-        state.metrics.errors_total.inc(code=ErrorCode.OVERLOADED)
+        state.metrics.errors_total.inc(code=refused)
+        REFUSALS.log("refused WebSocket from %s: %s", client, refused)
         await ws.accept()
-        msg = Error(
-            code=ErrorCode.OVERLOADED,
-            message=f"the server is at its limit of {state.settings.max_sessions} sessions; try again later",
-            fatal=True,
-        )
+        msg = Error(code=refused, message=state.refusal_message(refused), fatal=True)
         with contextlib.suppress(Exception):
             await ws.send_text(encode(msg))
-            await ws.close(CloseCode.TRY_AGAIN_LATER, "overloaded")
+            await ws.close(CloseCode.TRY_AGAIN_LATER, refused)
         return
     try:
         await ws.accept()
         await WsConnection(ws, state).run()
     finally:
-        state.release()
-
-
-async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
-    from starlette.responses import JSONResponse
-
-    resp = JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
-    try:
-        await ws.send_denial_response(resp)
-    except RuntimeError:  # server without the denial extension: a plain 403
-        await ws.close(CloseCode.POLICY)
+        state.release(client)

@@ -1,0 +1,88 @@
+"""uvicorn's ``websockets-sansio`` WebSocket protocol, with three fixes for hostile clients.
+
+``streamtts serve`` passes :class:`WebSocketProtocol` to uvicorn as its ``ws``
+class. The WebSocket protocol itself stays the ``websockets`` library's; this
+only changes what uvicorn does around it:
+
+* **Closing after a protocol error** (1009 message too big, 1007 text that is
+  not UTF-8, 1002): uvicorn closes the TCP connection right after the close
+  frame. A client still sending then makes the kernel answer with a reset, and
+  the client sees 1006 instead of the code. Here the server sends the close
+  frame (and a FIN where the protocol has failed the connection), keeps
+  reading and discarding until the client closes or ``ERROR_CLOSE_TIMEOUT_S``
+  passes, then closes.
+* **Logging**: a text frame that is not UTF-8 is one rate-limited INFO line
+  (uvicorn logs a traceback at ERROR); so are the other protocol errors.
+* **Refused handshakes** (an HTTP response instead of the upgrade: bad token,
+  origin or Host): uvicorn logs ``ASGI callable returned without completing
+  handshake`` at ERROR for each, though the refusal was complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from .logs import REFUSALS
+
+__all__ = ["ERROR_CLOSE_TIMEOUT_S", "WebSocketProtocol"]
+
+log = logging.getLogger(__name__)
+
+ERROR_CLOSE_TIMEOUT_S = 2.0  # wait this long for the client's side of an error close
+
+_INVALID_UTF8 = 1007
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    _error_closing = False
+
+    # -- refused handshakes: the denial response completes the handshake ---------------------
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+            self.handshake_complete = True
+
+    # -- text that is not UTF-8: 1007, closed cleanly ----------------------------------------
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            data = b"".join(self.frames)
+            try:
+                data.decode()
+            except UnicodeDecodeError as exc:
+                self.frames = []
+                self.conn.send_close(_INVALID_UTF8, "text frame is not valid UTF-8")
+                self._close_after_error(f"text frame not UTF-8 ({exc.reason} at byte {exc.start})")
+                return
+        super().send_receive_event_to_app()
+
+    # -- protocol errors (1009 too big, 1002, ...): closed cleanly ---------------------------
+    def handle_parser_exception(self) -> None:
+        if self._error_closing:  # data after the failure: the parser discards it
+            return
+        exc = self.conn.parser_exc
+        self._close_after_error(f"{type(exc).__name__}: {exc}")
+
+    def _close_after_error(self, why: str) -> None:
+        self._error_closing = True
+        close = self.conn.close_sent
+        code = close.code if close is not None else 1006
+        reason = close.reason if close is not None else ""
+        REFUSALS.log("closed WebSocket from %s with %d: %s", self._peer(), code, why)
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        if self.conn.eof_sent and self.transport.can_write_eof():
+            # The protocol failed the connection (it reads no close frame back): a FIN tells
+            # the client the close is complete, and the client closes its side.
+            self.transport.write_eof()
+        self.close_sent = True
+        if self.read_paused:  # keep reading, so nothing unread makes close() send a reset
+            self.read_paused = False
+            self.transport.resume_reading()
+        if self.close_timer is None:
+            self.close_timer = self.loop.call_later(ERROR_CLOSE_TIMEOUT_S, self.transport.close)
+
+    def _peer(self) -> str:
+        return self.client[0] if self.client else "?"
