@@ -54,7 +54,7 @@ def _check_file(path: Path) -> dict[str, Any]:
             (n,) = struct.unpack("<Q", head)
             if n > size - 8:
                 raise ModelFileError(path, "a safetensors file", "truncated inside its header")
-            header = json.loads(f.read(n))
+            header: dict[str, Any] = json.loads(f.read(n))
     except OSError as exc:
         raise ModelFileError(path, "a readable safetensors file", str(exc)) from exc
     except (ValueError, UnicodeDecodeError) as exc:
@@ -127,6 +127,10 @@ class Checkpoint:
 
     def files(self) -> list[Path]:
         return sorted(set(self._where.values()))
+
+    def file_of(self, name: str) -> Path:
+        """The file holding tensor ``name`` (for messages)."""
+        return self._where[self._require(name)]
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._meta[self._require(name)][1]
