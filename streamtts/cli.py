@@ -233,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_optional_commands(sub: Any) -> None:
-    """Commands that live in their own modules (server, client, GPU tools)."""
-    for name in ("server.cli", "client_cli", "gpu_cli"):
+    """Commands that live in their own modules (server, client, GPU tools, codec build)."""
+    for name in ("server.cli", "client_cli", "gpu_cli", "codec.build_cli"):
         try:
             mod = __import__(f"streamtts.{name}", fromlist=["add_parser"])
         except ImportError as exc:

@@ -108,7 +108,7 @@ class StreamingDecoder:
                 self.path, _EXPECTED, f"ONNX Runtime cannot load it: {exc}"
             ) from exc
         meta = dict(self._sess.get_modelmeta().custom_metadata_map)
-        self.stages, self.frame_samples = self._check_meta(meta, weights)
+        self.stages, self.frame_samples, self.sampling_rate = self._check_meta(meta, weights)
         self._check_ports()
         self.stamp = meta[KEY_STAMP]
         self.n_slots = n_slots
@@ -132,7 +132,7 @@ class StreamingDecoder:
     # -- loading checks --------------------------------------------------------------------
     def _check_meta(
         self, meta: dict[str, str], weights: str | Path | None
-    ) -> tuple[list[StageState], int]:
+    ) -> tuple[list[StageState], int, int]:
         w = str(weights) if weights is not None else None
         kind = meta.get(KEY_KIND)
         if kind is None:
@@ -176,11 +176,12 @@ class StreamingDecoder:
                 for s in layout["stages"]
             ]
             frame_samples = int(layout["frame_samples"])
+            sampling_rate = int(layout["sampling_rate"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(
                 self.path, _EXPECTED, f"its layout metadata is unreadable: {exc}"
             ) from exc
-        return stages, frame_samples
+        return stages, frame_samples, sampling_rate
 
     def _check_ports(self) -> None:
         ins = {p.name: p for p in self._sess.get_inputs()}

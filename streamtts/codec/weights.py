@@ -157,11 +157,14 @@ class DecoderWeights:
     def _check(self) -> dict[str, str]:
         """Official name -> the name present; raises on the first absent or misshaped tensor."""
         present = set(self.ck.names())
+        specs = expected_tensors(self.arch)
+        # a misnamed tensor is one that nothing expects: the near misses come from those
+        unclaimed = sorted(present - {n for names, _ in specs for n in names})
         found: dict[str, str] = {}
-        for names, shape in expected_tensors(self.arch):
+        for names, shape in specs:
             name = next((n for n in names if n in present), None)
             if name is None:
-                hint = difflib.get_close_matches(names[0], present, n=1, cutoff=0.85)
+                hint = difflib.get_close_matches(names[0], unclaimed, n=1, cutoff=0.85)
                 where = self.ck.files()[0] if len(self.ck.files()) == 1 else self.folder
                 also = f" or {', '.join(repr(n) for n in names[1:])}" if len(names) > 1 else ""
                 problem = f"absent; the checkpoint has {hint[0]!r}" if hint else "absent"
