@@ -209,6 +209,8 @@ def test_release_and_reuse_a_slot(
     assert b == a and decoder.position(b) == 0
     pcm = _stream(decoder, b, codes, _chunks([4], 300))  # stream B in A's slot
     assert np.abs(pcm - offline).max() < EXACT
+    idle = decoder.decode([b], codes[None, :3], lengths=[0])  # a row with no frames this call
+    assert idle.shape == (1, 3 * FRAME) and not idle.any() and decoder.position(b) == 300
     decoder.reset(b)  # restart in place
     again = _stream(decoder, b, other, _chunks([5], 60))
     assert np.abs(again - official(other[:60])).max() < EXACT

@@ -177,7 +177,6 @@ def build_decoders(
     if not streaming and offline_out is None:
         raise ConfigError("codec build: nothing to build (no streaming graph and no offline_out)")
     arch = load_arch(folder)
-    stamp = weights_stamp(folder)
     weight_bytes = arch.params * (2 if dtype == "float16" else 4)
     if external is None:
         external = weight_bytes > EXTERNAL_OVER
@@ -188,7 +187,8 @@ def build_decoders(
         jobs.append(("offline", Path(offline_out)))
     log.info("codec build: %s from %s (%s)", arch.describe(), folder, dtype)
 
-    with DecoderWeights(folder, arch) as w:
+    with DecoderWeights(folder, arch) as w:  # checks every tensor before anything is built
+        stamp = weights_stamp(folder)
         targets: list[_Target] = []
         try:
             for kind, path in jobs:

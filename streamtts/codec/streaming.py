@@ -114,8 +114,8 @@ class StreamingDecoder:
         self.n_slots = n_slots
         self.max_batch = n_slots
         self.state_bytes_per_slot = sum(s.nbytes for s in self.stages)
-        # allocated once: zeros are never read (empty ring entries are masked) but keep
-        # stale values of a previous stream out of reach of NaN/inf surprises
+        # allocated once; reset() zeroes a slot: empty entries are masked, but they still
+        # enter the products with weight 0, where a non-finite leftover would poison them
         self._state = [np.zeros((n_slots, *s.shape), dtype=np.float32) for s in self.stages]
         self._pos = np.zeros(n_slots, dtype=np.int64)
         self._active = np.zeros(n_slots, dtype=bool)
