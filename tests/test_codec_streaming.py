@@ -131,6 +131,15 @@ def test_offline_graph_matches_official_decoder(
     )
 
 
+def test_offline_graph_loads_in_the_stateless_backend(
+    built: tuple[Path, Path, Path], codes: np.ndarray, offline: np.ndarray
+) -> None:
+    from streamtts.codec.onnx import OnnxDecoder
+
+    pcm = OnnxDecoder(built[2], threads=1).decode(codes[None])
+    assert pcm.shape == (1, 300 * FRAME) and np.abs(pcm[0] - offline).max() < 1e-4
+
+
 @pytest.mark.parametrize(
     "pattern",
     [[1, 2, 4, 8], [1], [16], [200], "random"],
