@@ -71,7 +71,7 @@ def _check_file(path: Path) -> tuple[dict[str, Any], int]:
             (n,) = struct.unpack("<Q", head)
             if n > size - 8:
                 raise ModelFileError(path, "a safetensors file", "truncated inside its header")
-            header = json.loads(f.read(n))
+            header: dict[str, Any] = json.loads(f.read(n))
     except OSError as exc:
         raise ModelFileError(path, "a readable safetensors file", str(exc)) from exc
     except (ValueError, UnicodeDecodeError) as exc:

@@ -269,8 +269,8 @@ def _convert_hf(args: argparse.Namespace) -> int:
 
 
 def _add_optional_commands(sub: Any) -> None:
-    """Commands that live in their own modules (server, client, GPU tools)."""
-    for name in ("serve_cli", "client_cli", "gpu_cli"):
+    """Commands that live in their own modules (server, client, GPU tools, codec build)."""
+    for name in ("serve_cli", "client_cli", "gpu_cli", "codec_cli"):
         try:
             mod = __import__(f"streamtts.{name}", fromlist=["add_parser"])
         except ImportError as exc:
