@@ -195,7 +195,7 @@ async def _speak(args: argparse.Namespace) -> int:
 def _demo_model(args: argparse.Namespace) -> int:
     from .demo.model import demo_model_main
 
-    demo_model_main(args.dir, args.preset, args.seed)
+    demo_model_main(args.dir, args.preset, args.seed, codec=args.codec)
     return 0
 
 
@@ -224,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("dir")
     d.add_argument("--preset", default="tiny", choices=["tiny", "mid"])
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "--codec", default="tones", choices=["tones", "real"],
+        help="tones: a toy decoder of soft tones; real: the real decoder architecture "
+        "(small, random weights) with its exact streaming graph",
+    )
 
     _add_convert_hf(sub)
 

@@ -114,7 +114,11 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     step_slack_s: float = 1.0
     queue_size: int = 64  # requests waiting for a slot before new ones are refused
     queue_timeout_s: float = 30.0
-    decode_context_frames: int = 125  # left context per decode window (10 s)
+    # exact stateful codec decoding (streamtts codec build): a decoder_streaming.onnx path;
+    # "" = the one next to audio_decoder_onnx when present and built from the same weights;
+    # "off" = always the windowed path (the stateless decoder.onnx with left context)
+    codec_streaming: str = ""
+    decode_context_frames: int = 125  # windowed path: left context per decode window (10 s)
     chunk_frames: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8])
     max_buffered_s: float = 20.0  # backpressure high-water mark (audio not yet consumed)
     resume_buffered_s: float = 10.0  # low-water mark

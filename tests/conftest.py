@@ -110,6 +110,17 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_codec_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo model with the real codec decoder architecture (small, random weights):
+    ``decoder.onnx`` (offline) and ``decoder_streaming.onnx`` built by the codec builder."""
+    from streamtts.demo.model import write_demo_model
+
+    root = tmp_path_factory.mktemp("demo-real-codec")
+    write_demo_model(root, "tiny", seed=0, codec="real")
+    return root
+
+
+@pytest.fixture(scope="session")
 def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4 s, 24 kHz reference recording (a wobbling tone)."""
     import soundfile as sf

@@ -296,7 +296,7 @@ def test_decode_error_reaches_consumer_with_cause(demo_model_dir: Path) -> None:
 
     async def main() -> None:
         async with make_engine(demo_model_dir) as engine:
-            dec = engine._decoder.decoder
+            dec = engine._decoder.codec.decoder
             real = dec.decode
             calls = {"n": 0}
 

@@ -12,16 +12,25 @@ backends transpose to the codec's (32, B, T) layout themselves.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import CodecError, ConfigError
+from ..errors import CodecError, ConfigError, ModelFileError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import EngineConfig
+    from .streaming import StreamingDecoder
 
-__all__ = ["AudioDecoder", "AudioEncoder", "load_decoder", "load_encoder"]
+__all__ = [
+    "AudioDecoder",
+    "AudioEncoder",
+    "find_streaming_decoder",
+    "load_decoder",
+    "load_encoder",
+    "load_streaming_decoder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +96,56 @@ def load_encoder(cfg: EngineConfig) -> AudioEncoder:
 
         return load_trt_encoder(cfg)
     raise _unsupported(backend)
+
+
+STREAMING_NAME = "decoder_streaming.onnx"
+_OFF = {"off", "false", "no", "0", "none"}
+
+
+def find_streaming_decoder(cfg: EngineConfig) -> tuple[Path | None, bool]:
+    """The streaming decoder to use and whether the config named it (else: found beside
+    ``audio_decoder_onnx``); ``(None, False)`` for the windowed path."""
+    value = str(cfg.codec_streaming or "").strip()
+    if value.lower() in _OFF:
+        return None, False
+    if value:
+        path = Path(value)
+        if not path.is_file():
+            raise ModelFileError(
+                path, "a streaming codec decoder (streamtts codec build)", "set by 'codec_streaming', not found"
+            )
+        return path, True
+    if cfg.audio_backend == "onnx" and cfg.audio_decoder_onnx:
+        near = Path(cfg.audio_decoder_onnx).with_name(STREAMING_NAME)
+        if near.is_file():
+            return near, False
+    return None, False
+
+
+def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> StreamingDecoder | None:
+    """The stateful decoder when one is configured or found, else None (windowed path).
+
+    One found beside ``decoder.onnx`` that is stale (built from other weights than the
+    checkpoint it names) or unreadable is passed over with a warning, as a stale fused
+    GGUF is; one the config names must load.
+    """
+    path, named = find_streaming_decoder(cfg)
+    if path is None:
+        return None
+    if cfg.audio_backend != "onnx":
+        if named:
+            raise ConfigError(
+                f"codec_streaming needs audio_backend 'onnx' (ONNX Runtime), not {cfg.audio_backend!r}"
+            )
+        return None
+    from .streaming import StreamingDecoder
+
+    try:
+        return StreamingDecoder(
+            path, n_slots=n_slots, threads=cfg.codec_threads, check_recorded_weights=True
+        )
+    except (ModelFileError, CodecError) as exc:
+        if named:
+            raise
+        log.warning("not using %s: %s; decoding in windows instead", path, exc)
+        return None

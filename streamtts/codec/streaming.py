@@ -33,7 +33,15 @@ import numpy as np
 
 from ..errors import CodecError, ConfigError, ModelFileError
 from .onnx import _import_ort, check_codes
-from .stamp import BUILDER_VERSION, KEY_BUILDER, KEY_KIND, KEY_LAYOUT, KEY_STAMP, weights_stamp
+from .stamp import (
+    BUILDER_VERSION,
+    KEY_BUILDER,
+    KEY_KIND,
+    KEY_LAYOUT,
+    KEY_STAMP,
+    KEY_WEIGHTS,
+    weights_stamp,
+)
 
 __all__ = ["StageState", "StreamingDecoder"]
 
@@ -83,6 +91,7 @@ class StreamingDecoder:
         n_slots: int = 8,
         weights: str | Path | None = None,
         threads: int = 0,
+        check_recorded_weights: bool = False,
     ) -> None:
         if not str(path):
             raise ConfigError("no streaming decoder path: build one with `streamtts codec build`")
@@ -108,17 +117,22 @@ class StreamingDecoder:
                 self.path, _EXPECTED, f"ONNX Runtime cannot load it: {exc}"
             ) from exc
         meta = dict(self._sess.get_modelmeta().custom_metadata_map)
+        recorded = meta.get(KEY_WEIGHTS, "")
+        if weights is None and check_recorded_weights and recorded and Path(recorded).is_dir():
+            weights = recorded  # the checkpoint it was built from is still here: is it the same?
+        self.weights_dir = str(weights) if weights is not None else recorded
         self.stages, self.frame_samples, self.sampling_rate = self._check_meta(meta, weights)
         self._check_ports()
         self.stamp = meta[KEY_STAMP]
         self.n_slots = n_slots
         self.max_batch = n_slots
         self.state_bytes_per_slot = sum(s.nbytes for s in self.stages)
-        # allocated once; reset() zeroes a slot: empty entries are masked, but they still
+        # allocated once; release() zeroes a slot: empty entries are masked, but they still
         # enter the products with weight 0, where a non-finite leftover would poison them
         self._state = [np.zeros((n_slots, *s.shape), dtype=np.float32) for s in self.stages]
         self._pos = np.zeros(n_slots, dtype=np.int64)
         self._active = np.zeros(n_slots, dtype=bool)
+        self._dirty = np.zeros(n_slots, dtype=bool)  # rings hold a finished stream's keys
         self._in_names = [p.name for p in self._sess.get_inputs()]
         self.busy_s = 0.0
         log.info(
@@ -224,16 +238,27 @@ class StreamingDecoder:
     def reset(self, slot: int) -> None:
         """Start a new stream in ``slot`` (position 0, empty rings)."""
         s = self._slot(slot)
-        for state in self._state:
-            state[s] = 0.0
+        if self._dirty[s]:
+            self._zero(s)
         self._pos[s] = 0
         self._active[s] = True
+        self._dirty[s] = True
 
     def release(self, slot: int) -> None:
-        """The stream in ``slot`` is over; the slot can be acquired again."""
+        """The stream in ``slot`` is over; the slot can be acquired again.
+
+        The rings are zeroed here (a published-size slot is 170 MB), so the next stream's
+        first decode, which its time to first audio waits for, does not pay for it."""
         s = self._slot(slot)
         self._active[s] = False
         self._pos[s] = 0
+        if self._dirty[s]:
+            self._zero(s)
+
+    def _zero(self, s: int) -> None:
+        for state in self._state:
+            state[s] = 0.0
+        self._dirty[s] = False
 
     def position(self, slot: int) -> int:
         """Frames decoded so far by the stream in ``slot``."""

@@ -391,14 +391,30 @@ def _quiet_gguf() -> Iterator[None]:
         logger.setLevel(old)
 
 
+CODECS = ("tones", "real")
+
+
 def write_demo_model(
-    dir: str | Path, preset: str = "tiny", seed: int = 0, *, behaviour: DemoBehaviour | None = None
+    dir: str | Path,
+    preset: str = "tiny",
+    seed: int = 0,
+    *,
+    behaviour: DemoBehaviour | None = None,
+    codec: str = "tones",
 ) -> Path:
-    """Write a demo model into ``dir`` (created if needed); returns ``dir/config.yaml``."""
+    """Write a demo model into ``dir`` (created if needed); returns ``dir/config.yaml``.
+
+    ``codec``: ``"tones"`` (default) maps codes to soft tones with a stateless toy decoder;
+    ``"real"`` writes the real decoder architecture at a small width with random weights
+    (``demo/real_codec.py``) and builds its offline and streaming graphs, so the engine
+    decodes with the exact streaming decoder.
+    """
     from .gguf_writer import write_qwen3_gguf
 
     if preset not in PRESETS:
         raise ValueError(f"unknown demo preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if codec not in CODECS:
+        raise ValueError(f"unknown demo codec {codec!r}; choose one of {', '.join(CODECS)}")
     t0 = time.perf_counter()
     b = behaviour or DemoBehaviour()
     root = Path(dir)
@@ -431,6 +447,10 @@ def write_demo_model(
         json.dumps(_model_config(p, ids), indent=2) + "\n", encoding="utf-8"
     )
     write_codec(root / "MOSS-Audio-Tokenizer-ONNX")
+    if codec == "real":  # the real decoder architecture replaces the tone decoder
+        from .real_codec import CHECKPOINT_DIR, write_real_codec
+
+        write_real_codec(root / "MOSS-Audio-Tokenizer-ONNX", root / CHECKPOINT_DIR, seed=seed)
     cfg_path = root / "config.yaml"
     cfg_path.write_text(
         _CONFIG_YAML.format(preset=p.name, seed=seed, gguf=GGUF_NAME), encoding="utf-8"
@@ -440,6 +460,7 @@ def write_demo_model(
         "preset": asdict(p),
         "seed": seed,
         "behaviour": asdict(b),
+        "codec": codec,
         "f_star": b.f_star,
         "final_rms": w.final_rms,
     }
@@ -503,10 +524,10 @@ def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
     return target / "config.yaml"
 
 
-def demo_model_main(dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
-    """``streamtts demo-model DIR [--preset tiny|mid] [--seed N]``."""
+def demo_model_main(dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones") -> Path:
+    """``streamtts demo-model DIR [--preset tiny|mid] [--seed N] [--codec tones|real]``."""
     t0 = time.perf_counter()
-    cfg = write_demo_model(dir, preset, seed)
+    cfg = write_demo_model(dir, preset, seed, codec=codec)
     size = sum(f.stat().st_size for f in Path(dir).rglob("*") if f.is_file())
     log.info(
         "wrote the %s demo model (seed %d, %.0f MB) in %.1f s; use it with: streamtts synth --config %s",

@@ -14,7 +14,7 @@ from ..config import EngineConfig, find_model_config
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, ModelFileError
 from .core import EngineCore
-from .decoding import DecodeWorker
+from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
 from .prepare import Preparer
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def kv_bytes_per_cell(hp: dict[str, int], type_k: str, type_v: str) -> float:
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
     from threadpoolctl import threadpool_limits
 
-    from ..codec import load_decoder, load_encoder
+    from ..codec import load_decoder, load_encoder, load_streaming_decoder
     from ..core.prompt import HFTokenizer
     from ..model import _llama
     from ..model.backbone import Backbone, BackboneParams, physical_cores
@@ -139,8 +139,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
             backbone.set_logit_columns(np.asarray(cols, dtype=np.int32))
         embedder = Embedder(cfg.embedding_dir, ids, n_embd=backbone.n_embd)
         heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd)
-        decoder = load_decoder(cfg)
-        worker = DecodeWorker(decoder, ids.n_vq, cfg.decode_context_frames)
+        worker = DecodeWorker(_codec(cfg, ids, load_decoder, load_streaming_decoder))
         core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused)
     except BaseException:
         backbone.close()
@@ -160,12 +159,48 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "n_ctx_per_stream": backbone.n_ctx_seq,
         "threads": threads,
         "model_config": str(mc) if mc else "defaults",
+        "codec": worker.codec.kind,
+        "codec_state_mib_per_stream": _codec_state_mib(worker),
         "decode_context_frames": cfg.decode_context_frames,
     }
     log.info(
         "engine ready: %s heads, %d streams x %d KV cells (%.1f MiB each, %.1f MiB total), "
-        "%d threads, codec context %d frames",
+        "%d threads, codec %s",
         info["heads"], streams, backbone.n_ctx_seq, info["kv_cache_mib_per_stream"],
-        info["kv_cache_mib_total"], threads, cfg.decode_context_frames,
+        info["kv_cache_mib_total"], threads, _codec_line(worker, cfg),
     )
     return Runtime(ids=ids, backbone=backbone, decoder=worker, core=core, preparer=preparer, info=info)
+
+
+def _codec(
+    cfg: EngineConfig,
+    ids: TokenIds,
+    load_decoder: Callable[[EngineConfig], Any],
+    load_streaming: Callable[[EngineConfig, int], Any],
+) -> StreamingCodec | WindowedCodec:
+    """The exact stateful decoder when there is one (one slot per stream), else windows."""
+    streaming = load_streaming(cfg, cfg.max_streams)
+    if streaming is not None:
+        return StreamingCodec(streaming, ids.n_vq)
+    return WindowedCodec(load_decoder(cfg), ids.n_vq, cfg.decode_context_frames)
+
+
+def _codec_state_mib(worker: DecodeWorker) -> float:
+    codec = worker.codec
+    if isinstance(codec, StreamingCodec):
+        return round(codec.decoder.state_bytes_per_slot / 2**20, 1)
+    return 0.0
+
+
+def _codec_line(worker: DecodeWorker, cfg: EngineConfig) -> str:
+    codec = worker.codec
+    if isinstance(codec, StreamingCodec):
+        dec = codec.decoder
+        return (
+            f"streaming (exact; {dec.path.name}, state {dec.state_bytes_per_slot / 2**20:.1f} MiB "
+            f"per stream x {dec.n_slots} slots)"
+        )
+    return (
+        f"windowed ({cfg.decode_context_frames} frames of left context; for exact, cheaper "
+        f"streaming build decoder_streaming.onnx with `streamtts codec build`)"
+    )

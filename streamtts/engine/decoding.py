@@ -1,13 +1,20 @@
-"""Windowed, batched codec decoding on its own thread.
+"""Batched codec decoding on its own thread.
 
-The codec has no state inputs, so a stream is decoded in windows: the new
-frames plus up to ``context_frames`` earlier frames of left context; only the
-new frames' samples are kept. Windows of several streams are decoded in one
-codec call, right-padded to a common length: the decoder is causal, so padding
-after a window cannot change its samples.
+Two ways to turn a stream's frames into audio, one per kind of decoder:
 
-Terminal events (end of stream, errors) also travel through this thread's
-queue so a stream's consumer sees its chunks in order, then the end.
+* **Streaming** (``decoder_streaming.onnx``, :class:`~streamtts.codec.streaming.StreamingDecoder`):
+  each stream owns a decoder slot (its attention state) from its first frames to its end;
+  every call decodes only the new frames of every ready stream, and the result equals the
+  offline decode of the whole utterance. A slot is acquired at a stream's first chunk and
+  released at its end, cancel or error.
+* **Windowed** (the stateless ``decoder.onnx``): a window is the new frames plus up to
+  ``context_frames`` earlier frames of left context; only the new frames' samples are kept.
+  Not exact (the real decoder's stacked attention reaches further back than a window) and
+  each new frame costs the whole window.
+
+Windows of several streams go through one codec call (right-padded: the decoder is causal,
+so padding after a row cannot change its samples). Terminal events (end of stream, errors)
+travel through the same queue so a consumer sees its chunks in order, then the end.
 """
 
 from __future__ import annotations
@@ -17,17 +24,18 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from ..codec import AudioDecoder
+from ..codec.streaming import StreamingDecoder
 from ..constants import FRAME_SAMPLES
 from ..errors import CodecError
 from ..request import AudioChunk
 from .sink import StreamSink
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(slots=True)
@@ -40,7 +48,30 @@ class DecodeJob:
     is_last: bool = False
     tick: int = 0  # engine tick that completed the last frame
     error: BaseException | None = None  # deliver this instead of audio, then close
-    drop: bool = False  # stream cancelled: forget its context, deliver nothing
+    drop: bool = False  # stream cancelled: forget its state, deliver nothing
+
+    @property
+    def has_audio(self) -> bool:
+        return self.codes.shape[0] > 0 and self.error is None and not self.drop
+
+
+class _Codec(Protocol):
+    """How a batch of streams' new frames becomes their new samples."""
+
+    max_batch: int
+    kind: str
+
+    def room(self) -> int | None:
+        """How many new streams it can start now (None: no limit)."""
+        ...
+
+    def knows(self, rid: int) -> bool:
+        """Whether ``rid`` already holds state here."""
+        ...
+
+    def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]: ...
+
+    def forget(self, rid: int) -> None: ...
 
 
 class _Context:
@@ -67,14 +98,93 @@ class _Context:
         self.n = keep + m
 
 
-class DecodeWorker:
-    def __init__(self, decoder: AudioDecoder, n_vq: int, context_frames: int, max_batch: int | None = None) -> None:
+class WindowedCodec:
+    """A stateless decoder fed windows of left context + new frames."""
+
+    kind = "windowed"
+
+    def __init__(self, decoder: AudioDecoder, n_vq: int, context_frames: int) -> None:
         self.decoder = decoder
         self.n_vq = n_vq
         self.context_frames = context_frames
-        self.max_batch = max(1, min(max_batch or decoder.max_batch, decoder.max_batch))
-        self._jobs: queue.SimpleQueue[DecodeJob | None] = queue.SimpleQueue()
+        self.max_batch = decoder.max_batch
         self._contexts: dict[int, _Context] = {}
+
+    def room(self) -> int | None:
+        return None
+
+    def knows(self, rid: int) -> bool:
+        return rid in self._contexts
+
+    def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+        lefts = []
+        for job in jobs:
+            ctx = self._contexts.get(job.rid)
+            if ctx is None:
+                ctx = self._contexts[job.rid] = _Context(self.context_frames, self.n_vq)
+            lefts.append(ctx.buf[: ctx.n])
+        t_max = max(left.shape[0] + j.codes.shape[0] for left, j in zip(lefts, jobs, strict=True))
+        codes = np.zeros((len(jobs), t_max, self.n_vq), dtype=np.int64)
+        for i, (left, job) in enumerate(zip(lefts, jobs, strict=True)):
+            codes[i, : left.shape[0]] = left
+            codes[i, left.shape[0] : left.shape[0] + job.codes.shape[0]] = job.codes
+        pcm = self.decoder.decode(codes)
+        out = []
+        for i, (left, job) in enumerate(zip(lefts, jobs, strict=True)):
+            a = left.shape[0] * FRAME_SAMPLES
+            out.append(pcm[i, a : a + job.codes.shape[0] * FRAME_SAMPLES].copy())
+            self._contexts[job.rid].push(job.codes)
+        return out
+
+    def forget(self, rid: int) -> None:
+        self._contexts.pop(rid, None)
+
+
+class StreamingCodec:
+    """The stateful decoder: one slot per stream, only new frames decoded."""
+
+    kind = "streaming"
+
+    def __init__(self, decoder: StreamingDecoder, n_vq: int) -> None:
+        self.decoder = decoder
+        self.n_vq = n_vq
+        self.max_batch = decoder.max_batch
+        self._slots: dict[int, int] = {}  # rid -> decoder slot
+
+    def room(self) -> int | None:
+        return self.decoder.n_slots - len(self._slots)
+
+    def knows(self, rid: int) -> bool:
+        return rid in self._slots
+
+    def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+        for job in jobs:
+            if job.rid not in self._slots:
+                self._slots[job.rid] = self.decoder.acquire()
+        lengths = np.array([j.codes.shape[0] for j in jobs], dtype=np.int64)
+        t_max = int(lengths.max())
+        codes = np.zeros((len(jobs), t_max, self.n_vq), dtype=np.int64)
+        for i, job in enumerate(jobs):
+            codes[i, : job.codes.shape[0]] = job.codes
+        slots = np.array([self._slots[j.rid] for j in jobs], dtype=np.int64)
+        pcm = self.decoder.decode(slots, codes, lengths)
+        return [pcm[i, : n * FRAME_SAMPLES].copy() for i, n in enumerate(lengths.tolist())]
+
+    def forget(self, rid: int) -> None:
+        slot = self._slots.pop(rid, None)
+        if slot is not None:
+            self.decoder.release(slot)
+
+    @property
+    def active(self) -> int:
+        return len(self._slots)
+
+
+class DecodeWorker:
+    def __init__(self, codec: _Codec, max_batch: int | None = None) -> None:
+        self.codec = codec
+        self.max_batch = max(1, min(max_batch or codec.max_batch, codec.max_batch))
+        self._jobs: queue.SimpleQueue[DecodeJob | None] = queue.SimpleQueue()
         self._held: list[DecodeJob] = []  # jobs deferred behind an earlier job of the same stream
         self._thread = threading.Thread(target=self._run, name="streamtts-decode", daemon=True)
         self.busy_s = 0.0
@@ -102,79 +212,94 @@ class DecodeWorker:
             except Exception as exc:  # never let the thread die: fail these streams
                 log.exception("decode thread failed")
                 for job in batch:
-                    self._contexts.pop(job.rid, None)
+                    self.codec.forget(job.rid)
                     err = CodecError(f"audio decoding failed: {exc}")
                     err.__cause__ = exc
                     job.sink.fail(err)
 
     def _next_batch(self) -> list[DecodeJob] | None:
+        """Everything queued now that can go in one call; None when the worker is closed."""
         pending = self._held
         self._held = []
-        if not pending:
+        stop = False
+        while True:
+            if not pending:
+                job = self._jobs.get()
+                if job is None:
+                    return None
+                pending.append(job)
+            while True:  # take everything queued now
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stop = True
+                    break
+                pending.append(job)
+            batch = self._select(pending)
+            if stop:
+                if not batch:
+                    return None  # closing: what still waits for a slot is dropped
+                self._jobs.put(None)  # finish this batch, then stop
+                return batch
+            if batch:
+                return batch
+            # every job waits for a codec slot: block until the job that frees one arrives
             job = self._jobs.get()
             if job is None:
                 return None
-            pending.append(job)
-        while True:  # take everything queued now
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                self._jobs.put(None)  # finish this batch, then stop
-                break
-            pending.append(job)
+            pending = self._held + [job]
+            self._held = []
+
+    def _select(self, pending: list[DecodeJob]) -> list[DecodeJob]:
         batch: list[DecodeJob] = []
         seen: set[int] = set()
         audio_jobs = 0
+        room = self.codec.room()
         for job in pending:
-            is_audio = job.codes.shape[0] > 0 and job.error is None and not job.drop
-            if job.rid in seen or (is_audio and audio_jobs >= self.max_batch):
-                self._held.append(job)  # keep per-stream order; one window per stream per call
+            # one job per stream per call, in order: once a stream's job waits, its later ones do
+            if job.rid in seen:
+                self._held.append(job)
                 continue
             seen.add(job.rid)
-            audio_jobs += is_audio
+            audio = job.has_audio
+            new = audio and room is not None and not self.codec.knows(job.rid)
+            # at most max_batch rows; a new stream the codec has no slot for waits (a stream
+            # ending in this call frees its slot after it)
+            if (audio and audio_jobs >= self.max_batch) or (new and room is not None and room <= 0):
+                self._held.append(job)
+                continue
+            if new and room is not None:
+                room -= 1
+            audio_jobs += audio
             batch.append(job)
         return batch
 
     def _process(self, batch: list[DecodeJob]) -> None:
-        audio = [j for j in batch if j.codes.shape[0] and j.error is None and not j.drop]
+        audio = [j for j in batch if j.has_audio]
         if audio:
             self._decode(audio)
         for job in batch:
             if job.drop:
-                self._contexts.pop(job.rid, None)
+                self.codec.forget(job.rid)
             elif job.error is not None:
-                self._contexts.pop(job.rid, None)
+                self.codec.forget(job.rid)
                 job.sink.fail(job.error)
             elif job.is_last:
-                self._contexts.pop(job.rid, None)
+                self.codec.forget(job.rid)
                 if job.codes.shape[0] == 0:
                     job.sink.finish()
 
     def _decode(self, jobs: list[DecodeJob]) -> None:
-        windows = []
-        for job in jobs:
-            ctx = self._contexts.get(job.rid)
-            if ctx is None:
-                ctx = self._contexts[job.rid] = _Context(self.context_frames, self.n_vq)
-            left = ctx.buf[: ctx.n]
-            windows.append((left.shape[0], np.concatenate([left, job.codes]) if left.shape[0] else job.codes))
-        t_max = max(w.shape[0] for _, w in windows)
-        codes = np.zeros((len(jobs), t_max, self.n_vq), dtype=np.int64)
-        for i, (_, w) in enumerate(windows):
-            codes[i, : w.shape[0]] = w
         t0 = time.monotonic()
-        pcm = self.decoder.decode(codes)
+        pcm = self.codec.decode(jobs)
         dt = time.monotonic() - t0
         self.busy_s += dt
         self.calls += 1
         share = dt / len(jobs)
-        for i, job in enumerate(jobs):
-            n_left = windows[i][0]
+        for job, samples in zip(jobs, pcm, strict=True):
             n_new = job.codes.shape[0]
-            samples = pcm[i, n_left * FRAME_SAMPLES : (n_left + n_new) * FRAME_SAMPLES].copy()
-            self._contexts[job.rid].push(job.codes)
             stats = job.sink.stats
             stats.decode_s += share
             stats.decode_windows += 1
