@@ -90,8 +90,10 @@ def _read_encoded(
     try:
         data, sr = sf.read(target, dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as exc:
+        # libsndfile's own words: str(exc) would name the in-memory file by its repr
+        reason = getattr(exc, "error_string", "") or str(exc)
         raise ReferenceAudioError(
-            f"reference audio {name}: cannot read it as wav/flac/ogg audio ({exc})"
+            f"reference audio {name}: cannot read it as wav/flac/ogg audio ({reason.rstrip('.')})"
         ) from exc
     return data, int(sr)
 
