@@ -367,7 +367,9 @@ JOINING_LEGEND = (
 
 
 def print_table(res: dict[str, Any]) -> None:
-    """The levels as a table that fits the terminal, and a legend under it."""
+    """The levels as a table that fits the terminal, and a legend under it: one row per level
+    when that fits, else one row per measure (a column per level)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -381,12 +383,20 @@ def print_table(res: dict[str, Any]) -> None:
         title += ": streams joining N-1 running ones"
         cols.append(("late_background_chunks", "late chunks"))
         legend += JOINING_LEGEND
-    t = Table(title=title)
+    console = Console()  # the terminal's width (80 columns when not a terminal)
+    t = Table(title=title, box=box.SIMPLE_HEAD)
     for _, header in cols:
-        t.add_column(header, justify="right")
+        t.add_column(header, justify="right", no_wrap=True)
     for lv in res["levels"]:
         t.add_row(*(_cell(lv, key) for key, _ in cols))
-    console = Console()  # the terminal's width (80 columns when not a terminal)
+    natural = Console(width=10_000).measure(t).maximum  # unconstrained: measure() clamps to the width
+    if natural > console.width:
+        t = Table(title=title, box=box.SIMPLE_HEAD)
+        t.add_column("streams", no_wrap=True)
+        for lv in res["levels"]:
+            t.add_column(str(lv["concurrency"]), justify="right", no_wrap=True)
+        for key, header in cols[1:]:
+            t.add_row(header, *(_cell(lv, key) for lv in res["levels"]))
     console.print(t)
     console.print(legend, style="dim")
 
