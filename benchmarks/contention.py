@@ -48,14 +48,16 @@ def write_config(base: Path, tmp: Path, n_threads: int, poll: int) -> Path:
     return path
 
 
-def ttfa_ms(config: Path, out: Path, seed: int) -> float:
-    cmd = [sys.executable, "-m", "streamtts", "synth", "--config", str(config),
-           "--text", TEXT, "--seed", str(seed), "--out", str(out), "--max-new-tokens", "80"]  # fmt: skip
+def ttfa_ms(config: Path, out: Path, seed: int) -> tuple[float, int]:
+    """(TTFA in ms, llama.cpp threads the engine used) of one `streamtts synth` run."""
+    cmd = [sys.executable, "-m", "streamtts", "-v", "synth", "--config", str(config),
+           "--text", TEXT, "--seed", str(seed), "--out", str(out), "--max-new-tokens", "40"]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     m = re.search(r"TTFA (\d+) ms", res.stdout)
-    if res.returncode != 0 or not m:
+    t = re.search(r"threads=(\d+)", res.stderr)
+    if res.returncode != 0 or not m or not t:
         raise RuntimeError(f"synth failed ({res.returncode}): {res.stdout}\n{res.stderr}")
-    return float(m.group(1))
+    return float(m.group(1)), int(t.group(1))
 
 
 def main() -> None:
@@ -69,29 +71,39 @@ def main() -> None:
         sys.exit("contention.py: needs taskset (util-linux)")
     base = Path(args.config).resolve()
     results: dict[tuple[str, bool], list[float]] = {}
+    threads: dict[tuple[str, bool], list[int]] = {}
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         configs = [(label, write_config(base, tmp, n, p)) for label, n, p in SETTINGS]
         for _ in range(args.pairs):
             for label, cfg in configs:
-                results.setdefault((label, False), []).append(ttfa_ms(cfg, tmp / "o.wav", args.seed))
-                busy = subprocess.Popen(
-                    ["taskset", "-c", str(args.busy_core), sys.executable, "-c", "while True: pass"]
-                )
-                try:
-                    time.sleep(0.5)  # let it take its core
-                    results.setdefault((label, True), []).append(ttfa_ms(cfg, tmp / "o.wav", args.seed))
-                finally:
-                    busy.kill()
-                    busy.wait()
-    print(f"TTFA of `streamtts synth` (ms; median [min-max] of {args.pairs}), cores: {os.cpu_count()}")
-    print(f"{'setting':40} {'alone':>22} {'with a busy core':>22}")
+                for busy_on in (False, True):
+                    busy = None
+                    if busy_on:
+                        busy = subprocess.Popen(
+                            ["taskset", "-c", str(args.busy_core), sys.executable, "-c", "while True: pass"]
+                        )
+                        time.sleep(0.5)  # let it take its core
+                    try:
+                        ms, n = ttfa_ms(cfg, tmp / "o.wav", args.seed)
+                    finally:
+                        if busy is not None:
+                            busy.kill()
+                            busy.wait()
+                    results.setdefault((label, busy_on), []).append(ms)
+                    threads.setdefault((label, busy_on), []).append(n)
+    load1 = os.getloadavg()
+    print(f"TTFA of `streamtts synth` (ms; median [min-max] of {args.pairs}; threads used), "
+          f"cores: {os.cpu_count()}, load average {load0[0]:.1f} at start, {load1[0]:.1f} at end")  # fmt: skip
+    print(f"{'setting':40} {'alone':>26} {'with a busy core':>26}")
     for label, _ in configs:
         cells = []
         for busy_on in (False, True):
-            v = results[(label, busy_on)]
-            cells.append(f"{statistics.median(v):.0f} [{min(v):.0f}-{max(v):.0f}]")
-        print(f"{label:40} {cells[0]:>22} {cells[1]:>22}")
+            v, n = results[(label, busy_on)], threads[(label, busy_on)]
+            used = "/".join(str(x) for x in sorted(set(n)))
+            cells.append(f"{statistics.median(v):.0f} [{min(v):.0f}-{max(v):.0f}] t={used}")
+        print(f"{label:40} {cells[0]:>26} {cells[1]:>26}")
     print(json.dumps({f"{k[0]}|{'busy' if k[1] else 'alone'}": v for k, v in results.items()}))
 
 

@@ -91,6 +91,12 @@ async def main(a: argparse.Namespace) -> None:
     print(report.summary())
 
 
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2, as `streamtts` does for a user's mistake."""
+    print(f"llm_stream.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -105,8 +111,8 @@ if __name__ == "__main__":
     try:
         asyncio.run(main(a))
     except PlaybackError as exc:  # raised before anything was streamed: nothing is lost
-        sys.exit(f"llm_stream.py: error: {exc.reason}; add --save FILE to write the audio instead")
+        fail(f"{exc.reason}; add --save FILE to write the audio instead")
     except ServerError as exc:
-        sys.exit(f"llm_stream.py: error: the server said {exc}")
+        fail(f"the server said {exc}")
     except OSError as exc:
-        sys.exit(f"llm_stream.py: error: cannot reach {a.server} ({exc}); is `streamtts serve` running?")
+        fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

@@ -56,6 +56,12 @@ def main(chunks: Iterator[bytes], out: str) -> None:
     print(f"wrote {out}: {len(pcm) / 48000:.2f} s in {time.monotonic() - t0:.2f} s")
 
 
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2, as `streamtts` does for a user's mistake."""
+    print(f"openai_speech.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -68,6 +74,8 @@ if __name__ == "__main__":
     try:
         main((with_sdk if a.sdk else with_httpx)(a.server, a.text), a.save)
     except ImportError as exc:
-        sys.exit(f"openai_speech.py: error: {exc.name} is missing: pip install 'streamtts[examples]'")
-    except OSError as exc:
-        sys.exit(f"openai_speech.py: error: cannot reach {a.server} ({exc}); is `streamtts serve` running?")
+        fail(f"{exc.name} is missing: pip install 'streamtts[examples]'")
+    except Exception as exc:  # httpx's ConnectError and the SDK's APIConnectionError are no OSError
+        if not isinstance(exc, OSError) and type(exc).__name__ not in ("ConnectError", "APIConnectionError"):
+            raise
+        fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

@@ -65,6 +65,12 @@ async def main(url: str, text: str, out: str, seed: int | None) -> None:
     print(f"wrote {out} ({len(audio) // 2 / rate:.2f} s)")
 
 
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2, as `streamtts` does for a user's mistake."""
+    print(f"ws_client.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,4 +83,4 @@ if __name__ == "__main__":
     try:
         asyncio.run(main(stream_url(a.server), a.text, a.save, a.seed))
     except OSError as exc:
-        sys.exit(f"ws_client.py: error: cannot reach {a.server} ({exc}); is `streamtts serve` running?")
+        fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

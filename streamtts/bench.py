@@ -441,7 +441,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from .cli import check_config, check_output_file
+    from .cli_common import check_config, check_output_file
     from .errors import UsageError
 
     check_config(args)
@@ -452,7 +452,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from .cli import demo_notice
+    from .cli_common import demo_notice
 
     demo_notice(args)
     res = await run_bench(args)

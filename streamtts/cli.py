@@ -17,7 +17,7 @@ status 2: a :class:`~streamtts.errors.StreamTTSError`, an argparse error, or an 
 from the system (add ``-vv`` for its traceback). A bug still shows its traceback.
 
 Commands in other modules register with ``add_parser(sub)`` and ``set_defaults(handler=...,
-check=...)``; the ``check_*`` helpers below are theirs to use.
+check=...)``; the ``check_*`` helpers in ``cli_common.py`` are theirs to use.
 """
 
 from __future__ import annotations
@@ -33,16 +33,21 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from .cli_common import (
+    check_config,
+    check_output_device,
+    check_output_file,
+    check_reference,
+    check_text,
+    demo_notice,
+    env_device,
+    save_instead,
+)
 from .config import SamplingParams
 from .constants import SAMPLE_RATE
 from .errors import PlaybackError, StreamTTSError, UsageError
 
 log = logging.getLogger("streamtts")
-
-DEMO_NOTICE = (
-    "streamtts: no --config: using the synthetic demo model (random weights: it speaks in "
-    "tones, not words; real speech: `streamtts download`)"
-)
 
 SAMPLING_FLAGS = (
     ("--text-temperature", float, "text_temperature", "text-channel temperature (0 = greedy); default: the config's"),
@@ -71,6 +76,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             or default is argparse.SUPPRESS
             or not action.option_strings
             or default == []
+            or (default == 0 and action.nargs == 0)  # a count (-v) starts at 0
         ):
             return text
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
@@ -151,88 +157,6 @@ def _non_negative_int(text: str) -> int:
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
-
-
-# -- checks: before anything expensive ------------------------------------------------------------
-def check_text(text: str, flag: str) -> None:
-    from .text.segmenter import speakable
-
-    if not text.strip():
-        raise UsageError(f"{flag} is empty: give the text to speak")
-    if not speakable(text):
-        raise UsageError(f"{flag} {text.strip()[:40]!r} has nothing to say (no letters or digits)")
-
-
-def check_input_file(path: str | None, flag: str) -> None:
-    if path is None:
-        return
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise UsageError(f"{flag} {path}: no such file")
-    if not p.is_file():
-        raise UsageError(f"{flag} {path}: not a file")
-
-
-def check_output_file(path: str | None, flag: str, audio: bool = True) -> None:
-    """The folder exists and is writable; for audio, the extension is one libsndfile writes."""
-    if path is None:
-        return
-    p = Path(path).expanduser()
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist (create it: mkdir -p {folder})")
-    if p.is_dir():
-        raise UsageError(f"{flag} {path}: is a folder; give a file name")
-    import os
-
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"{flag} {path}: folder {folder} is not writable")
-    if audio:
-        from .audio.formats import file_extensions
-
-        exts = file_extensions()
-        if p.suffix.lower() not in exts:
-            shown = p.suffix or "(none)"
-            raise UsageError(f"{flag} {path}: unknown audio file extension {shown}; use one of {', '.join(exts[:4])}")
-
-
-def check_reference(path: str | None, flag: str = "--reference") -> None:
-    """The clip exists and is what the encoder accepts (read and checked: milliseconds)."""
-    if path is None:
-        return
-    check_input_file(path, flag)
-    from .audio.reference import load_reference
-    from .errors import ReferenceAudioError
-
-    try:
-        load_reference(path)
-    except ReferenceAudioError as exc:
-        raise UsageError(f"{flag}: {exc}") from exc
-
-
-def check_config(args: argparse.Namespace) -> None:
-    """The config loads (a YAML error, an unknown value or a missing model file says so now)."""
-    path = getattr(args, "config", None)
-    if not path:
-        return
-    check_input_file(path, "--config")
-    from .config import load_config
-
-    load_config(path)
-
-
-def check_output_device(device: str | None, save: str | None) -> None:
-    """Without ``--save`` playback needs a device: say so before loading anything."""
-    from .audio.devices import NULL_DEVICE, resolve_output_device
-
-    if save is not None or device == NULL_DEVICE:
-        return
-    resolve_output_device(device)
-
-
-def demo_notice(args: argparse.Namespace) -> None:
-    if not getattr(args, "config", None) and not getattr(args, "quiet", False):
-        print(DEMO_NOTICE, file=sys.stderr)
 
 
 # -- shared by synth and speak ----------------------------------------------------------------
@@ -395,26 +319,13 @@ async def _speak(args: argparse.Namespace) -> int:
             if not args.save:
                 raise
             # No sound card: still produce the requested file from the same stream.
-            await _save_instead(pcm_chunks(), args.save, exc, args.quiet)
+            await save_instead(pcm_chunks(), args.save, exc, args.quiet)
             return 0
         if not args.quiet:
             print(report.summary(), file=sys.stderr)
         if args.profile:
             _print_profile(engine, s.stats)
     return 0
-
-
-async def _save_instead(chunks: Any, path: str, exc: PlaybackError, quiet: bool) -> None:
-    """No sound card (the player failed before reading ``chunks``): write them all to ``path``."""
-    import numpy as np
-    import soundfile as sf
-
-    from .audio.formats import file_subtype
-
-    if not quiet:
-        print(f"streamtts: {exc.reason}: writing {path} only", file=sys.stderr)
-    pcm = [c async for c in chunks]
-    sf.write(path, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), SAMPLE_RATE, subtype=file_subtype(path))
 
 
 # -- demo-model -------------------------------------------------------------------------------
@@ -458,7 +369,7 @@ def build_parser() -> Parser:
     _add_model_args(sp)
     sp.add_argument("text", nargs="?", default="Hello! This is streamtts, speaking while it thinks.", help="text, or - for stdin")
     sp.add_argument(
-        "--output-device", default=_env_device(),
+        "--output-device", default=env_device(),
         help="output device index or name substring (--list-devices), or null: paced like a sound "
         "card, audio discarded; default: $STREAMTTS_OUTPUT_DEVICE, else the system's",
     )  # fmt: skip
@@ -482,12 +393,6 @@ def build_parser() -> Parser:
             p.commands[cmd] = cp
         _add_log_args(cp, top=False)
     return p
-
-
-def _env_device() -> str | None:
-    import os
-
-    return os.environ.get("STREAMTTS_OUTPUT_DEVICE") or None
 
 
 def _add_optional_commands(sub: Any) -> None:

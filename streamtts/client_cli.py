@@ -21,7 +21,7 @@ def default_server() -> str:
 
 
 def add_parser(sub: Any) -> None:
-    from .cli import _env_device
+    from .cli_common import env_device
 
     p: argparse.ArgumentParser = sub.add_parser(
         "say", help="speak text through a remote `streamtts serve`"
@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--instruction", help="style instruction for the prompt")
     p.add_argument("--seed", type=int, help="sampling seed (segment i uses seed + i)")
     p.add_argument(
-        "--output-device", default=_env_device(),
+        "--output-device", default=env_device(),
         help="output device index or name substring, or null (paced, discarded); "
         "default: $STREAMTTS_OUTPUT_DEVICE, else the system's",
     )  # fmt: skip
@@ -54,7 +54,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _check_say(args: argparse.Namespace) -> None:
-    from .cli import check_input_file, check_output_device, check_output_file, check_text
+    from .cli_common import check_input_file, check_output_device, check_output_file, check_text
 
     if args.text != "-":
         check_text(args.text, "TEXT")
@@ -75,7 +75,7 @@ async def _stdin_lines() -> AsyncIterator[str]:
 
 async def say(args: argparse.Namespace) -> int:
     from .audio import playback as player
-    from .cli import _save_instead
+    from .cli_common import save_instead
     from .client import StreamClient
 
     client = StreamClient(
@@ -98,7 +98,7 @@ async def say(args: argparse.Namespace) -> int:
             if not args.save:
                 raise
             # No sound card: the player failed before reading the stream, so save it all.
-            await _save_instead(chunks, args.save, exc, args.quiet)
+            await save_instead(chunks, args.save, exc, args.quiet)
             return 0
     except OSError as exc:
         raise UsageError(

@@ -84,7 +84,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     heads_backend: Literal["auto", "numpy", "torch", "fused"] = "auto"
     n_ctx: int = 4096
     n_batch: int = 512
-    n_threads: int = 0  # 0 = physical cores
+    n_threads: int = 0  # 0 = the physical cores other processes leave idle (model/threads.py)
     n_gpu_layers: int = -1
     max_new_tokens: int = 3072
     use_gpu_audio: bool = True
@@ -143,7 +143,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
         if self.max_streams < 1:
             raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
         if self.n_threads < 0:
-            raise ConfigError(f"n_threads must be >= 0 (0 = physical cores), got {self.n_threads}")
+            raise ConfigError(f"n_threads must be >= 0 (0 = automatic), got {self.n_threads}")
         if not -1 <= self.thread_poll <= 100:
             raise ConfigError(f"thread_poll must be -1 (llama.cpp's pool) or 0..100, got {self.thread_poll}")
         if self.step_slack_s < 0:

@@ -133,7 +133,7 @@ def _load_cfg(path: str | None, demo: bool = True) -> Any:
 
 
 def _check_convert(args: argparse.Namespace) -> None:
-    from .cli import check_config, check_input_file, check_output_file
+    from .cli_common import check_config, check_input_file, check_output_file
 
     check_config(args)
     check_input_file(args.gguf, "--gguf")
@@ -143,7 +143,7 @@ def _check_convert(args: argparse.Namespace) -> None:
 
 
 def _check_build_engine(args: argparse.Namespace) -> None:
-    from .cli import check_config, check_input_file, check_output_file
+    from .cli_common import check_config, check_input_file, check_output_file
 
     check_config(args)
     check_input_file(args.onnx, "--onnx")

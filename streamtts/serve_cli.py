@@ -112,7 +112,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _check_serve(args: argparse.Namespace) -> None:
-    from .cli import check_config
+    from .cli_common import check_config
 
     check_config(args)
     if not 0 <= args.port <= 65535:
@@ -171,7 +171,7 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
 async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .cli import demo_notice
+    from .cli_common import demo_notice
     from .engine.frontend import Engine
     from .server.app import create_app
 

@@ -120,6 +120,44 @@ def test_download_offline_says_what_to_do_and_leaves_no_folder(tmp_path: Path) -
     assert not (tmp_path / "new").exists()
 
 
+# -- the examples: the same one-line answers --------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NO_SERVER = "http://127.0.0.1:9"  # nothing listens on the discard port
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ws_client.py", "Hello.", "--server", NO_SERVER],
+        ["openai_speech.py", "Hello.", "--server", NO_SERVER],
+        ["openai_speech.py", "Hello.", "--server", NO_SERVER, "--sdk"],
+        ["llm_stream.py", "--server", NO_SERVER, "--save", "x.wav"],
+    ],
+    ids=["ws_client", "openai_speech", "openai_speech-sdk", "llm_stream"],
+)
+def test_example_without_a_server(args: list[str], tmp_path: Path) -> None:
+    env = {**os.environ, "OPENAI_MAX_RETRIES": "0"}
+    r = subprocess.run([sys.executable, str(EXAMPLES / args[0]), *args[1:]], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith(f"{args[0]}: error: cannot reach {NO_SERVER}") and "streamtts serve" in lines[-1]
+    assert len(lines) == 1, r.stderr
+
+
+def test_llm_stream_without_save_or_sound_card(tmp_path: Path) -> None:
+    if _has_output_device():
+        pytest.skip("this machine has an audio output device")
+    env = {k: v for k, v in os.environ.items() if k != "STREAMTTS_OUTPUT_DEVICE"}
+    r = subprocess.run([sys.executable, str(EXAMPLES / "llm_stream.py"), "--server", NO_SERVER],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "llm_stream.py: error: no audio output device found (PortAudio reports none); "
+        "add --save FILE to write the audio instead"
+    )
+
+
 # -- what a run prints --------------------------------------------------------------------------
 def test_synth_prints_one_notice_logs_nothing_and_q_silences_it(demo_cache: Path, tmp_path: Path) -> None:
     env = {"STREAMTTS_CACHE": str(demo_cache)}

@@ -364,7 +364,7 @@ use_gpu_audio: false
 
 n_ctx: 4096
 n_batch: 512
-n_threads: 0          # 0 = all physical cores
+n_threads: 0          # 0 = the physical cores other processes leave idle
 n_gpu_layers: 0
 max_new_tokens: 1024
 
