@@ -82,14 +82,23 @@ def check_reference(path: str | None, flag: str = "--reference") -> None:
 
 
 def check_config(args: argparse.Namespace) -> None:
-    """The config loads (a YAML error, an unknown value or a missing model file says so now)."""
+    """The config loads (a YAML error or an unusable value says so now), and the model files
+    it names exist (a config copied without its weights is the common case)."""
     path = getattr(args, "config", None)
     if not path:
         return
     check_input_file(path, "--config")
-    from .config import load_config
+    from .config import PATH_KEYS, load_config
 
-    load_config(path)
+    cfg = load_config(path)
+    for key in PATH_KEYS:
+        value = getattr(cfg, key)
+        if value and not Path(value).exists():
+            raise UsageError(
+                f"--config {path}: {key} {value} does not exist (get the official weights with "
+                "`streamtts download`, which writes weights/streamtts.yaml; without --config "
+                "every command uses the demo model)"
+            )
 
 
 def check_output_device(device: str | None, save: str | None) -> None:

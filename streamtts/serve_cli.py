@@ -185,6 +185,9 @@ async def serve(args: argparse.Namespace) -> int:
         queue_size=args.queue_size,
     )
     settings = settings_from_args(args, engine.config.max_streams)
+    # Load before serving: a model that fails to load is one line here, not a traceback from
+    # uvicorn's startup (the app's lifespan then finds the engine started).
+    await engine.start()
     app = create_app(engine, settings)
     if args.socket_send_buffer:
         # Accepted connections inherit the listening socket's SO_SNDBUF (Linux, BSD, macOS).

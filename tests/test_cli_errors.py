@@ -86,6 +86,16 @@ def test_missing_config_file(tmp_path: Path) -> None:
     one_line_error(r, "--config weights/streamtts.yaml: no such file")
 
 
+def test_config_without_its_weights() -> None:
+    """configs/default.yaml names weights/ files that a fresh clone does not have."""
+    if (Path(__file__).resolve().parents[1] / "weights").exists():
+        pytest.skip("this checkout has a weights/ folder")
+    r = run("synth", "--text", "Hello.", "--config", "configs/default.yaml", env=NO_ENGINE, cwd=Path(__file__).resolve().parents[1])
+    one_line_error(r, "--config configs/default.yaml: backbone_gguf", "does not exist", "streamtts download")
+    r = run("serve", "--config", "configs/cpu.yaml", "--port", "0", env=NO_ENGINE, cwd=Path(__file__).resolve().parents[1])
+    one_line_error(r, "--config configs/cpu.yaml: backbone_gguf", "streamtts download")
+
+
 def test_unknown_option_suggests_the_right_one() -> None:
     line = one_line_error(run("synth", "--text", "Hi", "--ot", "x.wav", env=NO_ENGINE), "--ot")
     assert "did you mean --out?" in line and "streamtts synth --help" in line
@@ -118,6 +128,25 @@ def test_download_offline_says_what_to_do_and_leaves_no_folder(tmp_path: Path) -
     r = run("download", "--dest", str(dest), env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "5"}, timeout=120)
     one_line_error(r, "--from-dir", "hf download")
     assert not (tmp_path / "new").exists()
+
+
+def test_serve_with_a_model_that_does_not_load(demo_cache: Path, tmp_path: Path) -> None:
+    """The engine loads before uvicorn starts: a broken GGUF is one line, not uvicorn's
+    startup traceback."""
+    import yaml
+
+    demo = demo_cache / "demo-model"
+    cfg_path = next(demo.glob("*/config.yaml"))
+    cfg = yaml.safe_load(cfg_path.read_text())
+    for k, v in list(cfg.items()):
+        if isinstance(v, str) and (cfg_path.parent / v).exists():
+            cfg[k] = str(cfg_path.parent / v)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file" * 300)
+    cfg["backbone_gguf"] = str(bad)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    r = run("serve", "--config", str(tmp_path / "config.yaml"), "--port", "0", "--n-threads", "1", timeout=120)
+    one_line_error(r, str(bad), "expected a GGUF model")
 
 
 # -- the examples: the same one-line answers --------------------------------------------------------
