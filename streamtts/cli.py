@@ -421,7 +421,7 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         fmt = "streamtts: %(levelname)s: %(message)s"
-    logging.basicConfig(level=level, format=fmt, handlers=[handler], force=True)
+    logging.basicConfig(level=level, format=fmt, handlers=[handler])
 
 
 def main(argv: list[str] | None = None) -> int:
