@@ -2,12 +2,17 @@
 
     streamtts serve --port 8000 &
     python examples/llm_stream.py "Tell me about the sea."               # a simulated LLM
+    python examples/llm_stream.py "Tell me about the sea." --save llm.wav   # no sound card
     python examples/llm_stream.py --llm http://127.0.0.1:8080/v1 --model my-model "Tell me..."
 
 With --llm, tokens come from any OpenAI-compatible chat endpoint (llama.cpp's server, vLLM,
 ...), streamed with server-sent events. The server cuts the text into clauses as it arrives,
 so speech starts after the first clause, not after the whole answer. Audio is played through
 the sound card (`streamtts.audio.playback`), or written with --save.
+
+Every example takes the same flags: --server (default $STREAMTTS_SERVER, else
+http://127.0.0.1:8000, where `streamtts serve` listens) and --save. Dependencies (httpx for
+--llm): `pip install 'streamtts[examples]'` (scripts/setup.sh installs them).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 from collections.abc import AsyncIterator
@@ -22,6 +28,9 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from streamtts.client import StreamClient
+from streamtts.errors import PlaybackError, ServerError
+
+DEFAULT_SERVER = os.environ.get("STREAMTTS_SERVER") or "http://127.0.0.1:8000"
 
 CANNED = (
     "The sea covers about seventy percent of the planet, and most of it has never been explored. "
@@ -78,18 +87,32 @@ async def main(a: argparse.Namespace) -> None:
         return
     from streamtts.audio import playback as player
 
-    report = await player.play(chunks)
+    report = await player.play(chunks, device=os.environ.get("STREAMTTS_OUTPUT_DEVICE") or None)
     print(report.summary())
+
+
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2, as `streamtts` does for a user's mistake."""
+    print(f"llm_stream.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("prompt", nargs="?", default="Tell me about the sea.")
-    p.add_argument("--server", default="ws://127.0.0.1:8000")
+    p.add_argument("prompt", nargs="?", default="Tell me about the sea.", help="what to ask the LLM")
+    p.add_argument("--server", default=DEFAULT_SERVER, help="the streamtts server's base URL")
     p.add_argument("--llm", help="base URL of an OpenAI-compatible API (default: a simulated LLM)")
-    p.add_argument("--model", default="default")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--model", default="default", help="model name for --llm")
+    p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--save", help="write a wav file instead of playing")
-    asyncio.run(main(p.parse_args()))
+    a = p.parse_args()
+    try:
+        asyncio.run(main(a))
+    except PlaybackError as exc:  # raised before anything was streamed: nothing is lost
+        fail(f"{exc.reason}; add --save FILE to write the audio instead")
+    except ServerError as exc:
+        fail(f"the server said {exc}")
+    except OSError as exc:
+        fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

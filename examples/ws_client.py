@@ -1,9 +1,11 @@
 """The /v1/stream protocol with the plain `websockets` library: text in, a wav file out.
 
     streamtts serve --port 8000 &
-    python examples/ws_client.py "Hello there. How are you today?" out.wav
+    python examples/ws_client.py "Hello there. How are you today?" --save ws.wav
 
 No streamtts import: this is what any client in any language does (see docs/protocol.md).
+Every example takes the same flags: --server (default $STREAMTTS_SERVER, else
+http://127.0.0.1:8000, where `streamtts serve` listens) and --save.
 """
 
 from __future__ import annotations
@@ -11,10 +13,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 import time
 import wave
 
 import websockets
+
+DEFAULT_SERVER = os.environ.get("STREAMTTS_SERVER") or "http://127.0.0.1:8000"
+
+
+def stream_url(server: str) -> str:
+    """http://host:port (or ws://host:port) -> ws://host:port/v1/stream."""
+    base = server.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+    return base if base.endswith("/v1/stream") else base + "/v1/stream"
 
 
 async def main(url: str, text: str, out: str, seed: int | None) -> None:
@@ -53,13 +65,22 @@ async def main(url: str, text: str, out: str, seed: int | None) -> None:
     print(f"wrote {out} ({len(audio) // 2 / rate:.2f} s)")
 
 
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2, as `streamtts` does for a user's mistake."""
+    print(f"ws_client.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("text")
-    p.add_argument("out", nargs="?", default="out.wav")
-    p.add_argument("--url", default="ws://127.0.0.1:8000/v1/stream")
-    p.add_argument("--seed", type=int)
+    p.add_argument("text", help="what to say")
+    p.add_argument("--server", default=DEFAULT_SERVER, help="the server's base URL")
+    p.add_argument("--save", default="ws.wav", help="wav file to write")
+    p.add_argument("--seed", type=int, help="sampling seed")
     a = p.parse_args()
-    asyncio.run(main(a.url, a.text, a.out, a.seed))
+    try:
+        asyncio.run(main(stream_url(a.server), a.text, a.save, a.seed))
+    except OSError as exc:
+        fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

@@ -3,7 +3,7 @@
 # environment in .venv with the package, and the llama.cpp bridge (cached outside
 # the repo, so a second run takes seconds).
 #
-#   bash scripts/setup.sh          # runtime (+ model writing, playback, download)
+#   bash scripts/setup.sh          # runtime (+ model writing, playback, download, examples)
 #   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ trap 'echo "setup.sh: FAILED during: ${CURRENT:-start} (exit $?)" >&2' ERR
 
 # -- 1. system packages ------------------------------------------------------------------
 CURRENT="system packages"
-pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1)
+pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1 curl)
 [ "$WITH_TEST" = 1 ] && pkgs+=(chromium)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -48,7 +48,7 @@ if [ ! -x .venv/bin/python ]; then
   step "creating .venv with $($PY --version)"
   $PY -m venv .venv
 fi
-extras="model,audio,hub"
+extras="model,audio,hub,examples"
 [ "$WITH_TEST" = 1 ] && extras="test"
 step "installing streamtts[$extras] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true

@@ -332,38 +332,98 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
     return out
 
 
+# (key in a level row, column header); the legend below says what they mean
+COLUMNS = [
+    ("concurrency", "streams"),
+    ("aggregate_frames_per_s", "frames/s"),
+    ("throughput_vs_1", "x1"),
+    ("ttfa_ms_p50", "TTFA p50 ms"),
+    ("ttfa_ms_p95", "TTFA p95 ms"),
+    ("ttfa_p95_vs_1", "p95 x1"),
+    ("rtf_p50", "RTF p50"),
+    ("rtf_p95", "RTF p95"),
+    ("ms_per_step_p50", "ms/step"),
+    ("realtime_streams", "real time"),
+]
+KERNEL_COLUMNS = [
+    ("kernel_throughput_vs_1", "kernel x1"),
+    ("kernel_ttfa_vs_1", "kernel TTFA x1"),
+    ("engine_vs_kernel_throughput", "engine/kernel"),
+]
+LEGEND = (
+    "frame: 80 ms of audio (12.5 per second of speech). frames/s: audio frames of all streams per "
+    "wall-clock second. TTFA: time to first audio, request to first chunk. RTF: real-time factor, "
+    "generation time / audio length (< 1 is faster than real time). x1: relative to 1 stream. "
+    "real time: streams with RTF < 1. ms/step: one engine tick (all streams advance one frame)."
+)
+KERNEL_LEGEND = (
+    " kernel: bare llama.cpp decodes of N rows, the ratios a perfect scheduler would reach; "
+    "engine/kernel: the engine's share of that throughput."
+)
+JOINING_LEGEND = (
+    " joining: N-1 streams run, then streams join one by one (their TTFA); late chunks: "
+    "background chunks a real-time listener would have got late."
+)
+
+
 def print_table(res: dict[str, Any]) -> None:
+    """The levels as a table that fits the terminal, and a legend under it: one row per level
+    when that fits, else one row per measure (a column per level)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     title = "streamtts bench" + (" (zero-cost backbone)" if res["null_backbone"] else "")
+    legend = LEGEND
+    cols = list(COLUMNS)
+    if "kernel_bound" in res:
+        cols += KERNEL_COLUMNS
+        legend += KERNEL_LEGEND
     if res.get("arrival") == "joining":
         title += ": streams joining N-1 running ones"
-    t = Table(title=title)
-    cols = [
-        "concurrency", "aggregate_frames_per_s", "throughput_vs_1", "ttfa_ms_p50", "ttfa_ms_p95",
-        "ttfa_p95_vs_1", "rtf_p50", "rtf_p95", "ms_per_step_p50", "realtime_streams",
-    ]
-    if "kernel_bound" in res:
-        cols += ["kernel_throughput_vs_1", "kernel_ttfa_vs_1", "engine_vs_kernel_throughput"]
-    if res.get("arrival") == "joining":
-        cols.append("late_background_chunks")
-    for c in cols:
-        t.add_column(c.replace("_", " "), justify="right")
+        cols.append(("late_background_chunks", "late chunks"))
+        legend += JOINING_LEGEND
+    console = Console()  # the terminal's width (80 columns when not a terminal)
+    t = Table(title=title, box=box.SIMPLE_HEAD)
+    for _, header in cols:
+        t.add_column(header, justify="right", no_wrap=True)
     for lv in res["levels"]:
-        t.add_row(*(str(lv.get(c, "")) for c in cols))
-    Console(width=240).print(t)
+        t.add_row(*(_cell(lv, key) for key, _ in cols))
+    natural = Console(width=10_000).measure(t).maximum  # unconstrained: measure() clamps to the width
+    if natural > console.width:
+        t = Table(title=title, box=box.SIMPLE_HEAD)
+        t.add_column("streams", no_wrap=True)
+        for lv in res["levels"]:
+            t.add_column(str(lv["concurrency"]), justify="right", no_wrap=True)
+        for key, header in cols[1:]:
+            t.add_row(header, *(_cell(lv, key) for lv in res["levels"]))
+    console.print(t)
+    console.print(legend, style="dim")
+
+
+def _cell(level: dict[str, Any], key: str) -> str:
+    v = level.get(key, "")
+    if key == "realtime_streams":
+        return f"{v}/{level['concurrency']}"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:.0f}"
+    return str(v)
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmark N concurrent fixed-length streams (median / p95)")
+    p = sub.add_parser(
+        "bench", help="benchmark N concurrent fixed-length streams (median / p95)",
+        description="N concurrent fixed-length streams: throughput, time to first audio and "
+        "real-time factor. A benchmark reports; run it on a quiet machine and compare ratios "
+        "within one run.",
+    )  # fmt: skip
     p.add_argument("--config", help="YAML config; default: the demo model")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1], help="levels, e.g. 1 2 4 8")
     p.add_argument("--frames", type=int, default=50, help="audio frames per stream (12.5 per second)")
     p.add_argument("--repeat", type=int, default=1, help="runs per level (interleaved); the table shows medians")
-    p.add_argument("--text", default="The quick brown fox jumps over the lazy dog.")
-    p.add_argument("--n-threads", type=int)
-    p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames)")
+    p.add_argument("--text", default="The quick brown fox jumps over the lazy dog.", help="what every stream says")
+    p.add_argument("--n-threads", type=int, help="llama.cpp CPU threads; default: the config's (0 = automatic)")
+    p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames); default: the config's")
     p.add_argument("--null-backbone", action="store_true", help="zero-cost backbone: orchestration only")
     p.add_argument(
         "--arrival", choices=["burst", "joining"], default="burst",
@@ -376,17 +436,30 @@ def add_parser(sub: Any) -> None:
         help="also time bare llama.cpp decodes of N rows (same GGUF and threads): the ratios a "
         "perfect scheduler would reach, and the engine's share of that throughput",
     )
-    p.add_argument("--json", help="also write the results as JSON to this file")
-    p.set_defaults(handler=_main)
+    p.add_argument("--json", metavar="FILE", help="also write every number as JSON to FILE (- = stdout, after the table)")
+    p.set_defaults(handler=_main, check=_check)
+
+
+def _check(args: argparse.Namespace) -> None:
+    from .cli_common import check_config, check_output_file
+    from .errors import UsageError
+
+    check_config(args)
+    if args.json and args.json != "-":
+        check_output_file(args.json, "--json", audio=False)
+    if any(n < 1 for n in args.concurrency) or args.frames < 1 or args.repeat < 1 or args.joiners < 1:
+        raise UsageError("--concurrency levels, --frames, --repeat and --joiners must be >= 1")
 
 
 async def _main(args: argparse.Namespace) -> int:
+    from .cli_common import demo_notice
+
+    demo_notice(args)
     res = await run_bench(args)
     print_table(res)
-    text = json.dumps(res, indent=2)
-    if args.json:
+    if args.json == "-":
+        print(json.dumps(res, indent=2))
+    elif args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+            f.write(json.dumps(res, indent=2) + "\n")
     return 0

@@ -67,7 +67,7 @@ def _add_commands(csub: Any) -> None:
 def add_parser(sub: Any) -> None:
     """The ``codec`` command of the main CLI (``streamtts codec build|decode``)."""
     p = sub.add_parser("codec", help="exact streaming codec decoder: build, decode")
-    _add_commands(p.add_subparsers(dest="codec_cmd", required=True))
+    _add_commands(p.add_subparsers(dest="codec_cmd", required=True, metavar="{build,decode}", help="build: the decoders from a checkpoint; decode: a code file through one"))
 
 
 def _build(args: argparse.Namespace) -> int:

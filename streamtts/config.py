@@ -84,7 +84,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     heads_backend: Literal["auto", "numpy", "torch", "fused"] = "auto"
     n_ctx: int = 4096
     n_batch: int = 512
-    n_threads: int = 0  # 0 = physical cores
+    n_threads: int = 0  # 0 = the physical cores other processes leave idle (model/threads.py)
     n_gpu_layers: int = -1
     max_new_tokens: int = 3072
     use_gpu_audio: bool = True
@@ -125,6 +125,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     codec_threads: int = 0  # ONNX Runtime intra-op threads for the codec (0 = default)
     blas_threads: int = 1  # NumPy BLAS threads (audio heads); spinning BLAS threads fight llama.cpp's
     log_llama: bool = False  # forward llama.cpp's own log lines
+    # llama.cpp's CPU workers between decodes: 0 = they sleep, up to 100 = they spin;
+    # -1 = llama.cpp's own thread pool (which spins at 50)
+    thread_poll: int = 0
 
     # where the file came from (not a YAML key)
     source: str = ""
@@ -143,6 +146,10 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_streams < 1:
             raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
+        if self.n_threads < 0:
+            raise ConfigError(f"n_threads must be >= 0 (0 = automatic), got {self.n_threads}")
+        if not -1 <= self.thread_poll <= 100:
+            raise ConfigError(f"thread_poll must be -1 (llama.cpp's pool) or 0..100, got {self.thread_poll}")
         if self.step_slack_s < 0:
             raise ConfigError(f"step_slack_s must be >= 0, got {self.step_slack_s}")
         if self.prefix_cache_mib < 0:

@@ -17,7 +17,9 @@ handling another keep the original as ``__cause__`` (``raise ... from exc``).
     │   └── QueueTimeoutError            waited in the queue past its timeout
     ├── InputError (ValueError)          a request's input is unusable
     │   ├── PromptTooLongError           text + reference do not fit the context
-    │   └── ReferenceAudioError          a reference clip could not be read or used
+    │   ├── ReferenceAudioError          a reference clip could not be read or used
+    │   └── UsageError                   a command-line argument is unusable (missing file or folder,
+    │                                    unknown extension, taken port): the message says what to change
     ├── PlaybackError                    no sound device, PortAudio missing, device failed
     └── ServerError                      a server refused or ended a client's session (.code)
 """
@@ -126,6 +128,12 @@ class ReferenceAudioError(InputError):
     """A reference voice clip could not be read or is unusable."""
 
 
+class UsageError(InputError):
+    """A command-line argument is unusable: a missing file or folder, an unknown output
+    extension, a port in use. Raised before anything expensive runs; the message names the
+    argument and the next step."""
+
+
 # -- applications -------------------------------------------------------------------
 
 
@@ -133,8 +141,14 @@ class PlaybackError(StreamTTSError):
     """Audio could not be played: no device, PortAudio missing, the device failed, ...
 
     Errors from opening the device are raised before the chunk iterator is touched, so a caller
-    can catch this and fall back to writing a file.
+    can catch this and fall back to writing a file. ``reason`` is what went wrong; the message
+    adds ``hint`` (what to do instead), which a caller that already does it leaves out.
     """
+
+    def __init__(self, reason: str, hint: str = "") -> None:
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f"{reason}; {hint}" if hint else reason)
 
 
 class ServerError(StreamTTSError):

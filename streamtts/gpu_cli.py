@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
 
 
 def add_parser(sub: Any) -> None:
@@ -20,7 +20,10 @@ def add_parser(sub: Any) -> None:
         "convert",
         help="write a fused-heads GGUF (head logits computed by llama.cpp in the backbone's graph)",
     )
-    c.add_argument("--config", help="YAML config: takes backbone_gguf and lm_head_dir from it")
+    c.add_argument(
+        "--config", help="YAML config: takes backbone_gguf and lm_head_dir from it; default: the "
+        "demo model (unless --gguf and --lm-heads are given)",
+    )  # fmt: skip
     c.add_argument("--gguf", help="source backbone GGUF (default: the config's backbone_gguf)")
     c.add_argument(
         "--lm-heads", help="folder with lm_head_audio_XX.npy (default: the config's lm_head_dir)"
@@ -41,7 +44,7 @@ def add_parser(sub: Any) -> None:
         help="gen/delay text rows from the GGUF's output layer (default; what the NumPy-heads "
         "engine uses) or from lm_head_text.npy",
     )  # fmt: skip
-    c.set_defaults(handler=_convert)
+    c.set_defaults(handler=_convert, check=_check_convert)
 
     b = sub.add_parser(
         "build-engine", help="build a TensorRT engine for the codec decoder (needs a GPU)"
@@ -54,8 +57,9 @@ def add_parser(sub: Any) -> None:
         "--max-reference-seconds", type=float, default=40.0, help="encoder: longest clip"
     )
     b.add_argument(
-        "--config", help="YAML config: takes audio_decoder_onnx / audio_decoder_trt from it"
-    )
+        "--config", help="YAML config: takes audio_decoder_onnx / audio_decoder_trt from it; "
+        "default: the demo model (unless --onnx is given)",
+    )  # fmt: skip
     b.add_argument("--onnx", help="decoder.onnx (default: the config's audio_decoder_onnx)")
     b.add_argument(
         "--out",
@@ -82,12 +86,14 @@ def add_parser(sub: Any) -> None:
     b.add_argument(
         "--max-frames", type=int, help="longest window in frames (default context + chunk)"
     )
-    b.add_argument("--precision", choices=["tf32", "fp32", "fp16"], default="tf32")
-    b.add_argument("--workspace-gb", type=float, default=4.0)
+    b.add_argument(
+        "--precision", choices=["tf32", "fp32", "fp16"], default="tf32", help="TensorRT precision"
+    )
+    b.add_argument("--workspace-gb", type=float, default=4.0, help="TensorRT builder workspace")
     b.add_argument(
         "--dry-run", action="store_true", help="print the profiles and buffer plan, build nothing"
     )
-    b.set_defaults(handler=_build_engine)
+    b.set_defaults(handler=_build_engine, check=_check_build_engine)
 
     d = sub.add_parser("download", help="download the official weights, check them, write a config")
     d.add_argument(
@@ -111,12 +117,37 @@ def add_parser(sub: Any) -> None:
     d.set_defaults(handler=_download)
 
 
-def _load_cfg(path: str | None) -> Any:
-    if not path:
-        return None
+def _load_cfg(path: str | None, demo: bool = True) -> Any:
+    """The config; without one, the demo model's (as every other command), unless ``demo``
+    is False (the command was given explicit files instead)."""
     from .config import load_config
 
-    return load_config(path)
+    if path:
+        return load_config(path)
+    if not demo:
+        return None
+    from .demo.model import ensure_demo_model
+
+    print("streamtts: no --config: using the synthetic demo model's files", file=sys.stderr)
+    return load_config(ensure_demo_model())
+
+
+def _check_convert(args: argparse.Namespace) -> None:
+    from .cli_common import check_config, check_input_file, check_output_file
+
+    check_config(args)
+    check_input_file(args.gguf, "--gguf")
+    if args.lm_heads is not None and not Path(args.lm_heads).is_dir():
+        raise UsageError(f"--lm-heads {args.lm_heads}: no such folder")
+    check_output_file(args.out, "--out", audio=False)
+
+
+def _check_build_engine(args: argparse.Namespace) -> None:
+    from .cli_common import check_config, check_input_file, check_output_file
+
+    check_config(args)
+    check_input_file(args.onnx, "--onnx")
+    check_output_file(args.out, "--out", audio=False)
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -125,7 +156,7 @@ def _convert(args: argparse.Namespace) -> int:
     from .model.fused import config_line
     from .model.fused_convert import convert
 
-    cfg = _load_cfg(args.config)
+    cfg = _load_cfg(args.config, demo=not (args.gguf and args.lm_heads))
     src = args.gguf or (cfg.backbone_gguf if cfg else "")
     heads: Any = args.lm_heads or cfg
     if not src or heads is None:
@@ -164,7 +195,7 @@ def _stderr_console() -> Any:
 def _build_engine(args: argparse.Namespace) -> int:
     from .codec.trt_build import BuildOptions, build_engine, describe_plan
 
-    cfg = _load_cfg(args.config)
+    cfg = _load_cfg(args.config, demo=not args.onnx)
     kind = args.kind
     onnx = args.onnx or (getattr(cfg, f"audio_{kind}_onnx") if cfg else "")
     if not onnx:

@@ -6,10 +6,10 @@ import argparse
 import logging
 import os
 import socket
-import sys
 from typing import Any
 
 from .engine.segmented import DEFAULT_CONTINUITY_FRAMES
+from .errors import UsageError
 from .text.segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,32 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--voice-cache", type=int, default=256, help="encoded voices kept (LRU)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
-    p.set_defaults(handler=serve)
+    p.set_defaults(handler=serve, check=_check_serve)
+
+
+def _check_serve(args: argparse.Namespace) -> None:
+    from .cli_common import check_config
+
+    check_config(args)
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: ports are 0-65535 (0 = any free one)")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, or a UsageError that says what to do."""
+    import errno
+
+    try:
+        return socket.create_server((host, port), reuse_port=False)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(
+                f"port {port} on {host} is in use (another streamtts serve?): choose another "
+                "with --port, or --port 0 for any free one"
+            ) from exc
+        if exc.errno == errno.EACCES:
+            raise UsageError(f"port {port} needs root: choose one above 1023 with --port") from exc
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (check --host)") from exc
 
 
 def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
@@ -169,12 +194,14 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
 async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from .cli_common import demo_notice
     from .engine.frontend import Engine
     from .server.app import create_app
     from .server.uvicorn_ws import WebSocketProtocol
 
-    if not args.config:
-        print("streamtts: no --config given: using the synthetic demo model", file=sys.stderr)
+    # The port first: a taken port is a one-line error before the engine loads, not after.
+    sock = listen(args.host, args.port)
+    demo_notice(args)
     engine = Engine.from_config(
         args.config,
         max_streams=args.max_streams,
@@ -182,8 +209,10 @@ async def serve(args: argparse.Namespace) -> int:
         queue_size=args.queue_size,
     )
     settings = settings_from_args(args, engine.config.max_streams)
+    # Load before serving: a model that fails to load is one line here, not a traceback from
+    # uvicorn's startup (the app's lifespan then finds the engine started).
+    await engine.start()
     app = create_app(engine, settings)
-    sock = socket.create_server((args.host, args.port), reuse_port=False)
     if args.socket_send_buffer:
         # Accepted connections inherit the listening socket's SO_SNDBUF (Linux, BSD, macOS).
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, args.socket_send_buffer)

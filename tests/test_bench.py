@@ -13,8 +13,25 @@ def bench(tmp_path: Path, *args: str) -> dict:
     cmd = [sys.executable, "-m", "streamtts", "bench", "--frames", "6", "--n-threads", "1", "--json", str(out), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "concurrency" in r.stdout  # the table
+    assert "TTFA p95 ms" in r.stdout and "RTF: real-time factor" in " ".join(r.stdout.split())  # table, legend
+    assert "{" not in r.stdout  # the JSON went to the file only
     return json.loads(out.read_text())
+
+
+def test_bench_output_fits_the_terminal_and_explains_itself(demo_model_dir: Path) -> None:
+    import os
+
+    cmd = [sys.executable, "-m", "streamtts", "bench", "--config", str(demo_model_dir / "config.yaml"),
+           "--frames", "4", "--n-threads", "1", "--concurrency", "1", "2", "--kernel-bound"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80, r.stdout
+    for word in ("frame: 80 ms", "TTFA: time to first audio", "RTF: real-time factor", "engine/kernel"):
+        assert word in " ".join(r.stdout.split()), word
+    assert "{" not in r.stdout and '"levels"' not in r.stdout  # no JSON without --json
+    r2 = subprocess.run([*cmd, "--json", "-"], capture_output=True, text=True, timeout=300)
+    assert json.loads(r2.stdout[r2.stdout.index("\n{") :])["levels"][0]["concurrency"] == 1
 
 
 def test_bench_with_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:

@@ -143,4 +143,4 @@ def test_say_cli_saves_without_a_sound_card(server: Any, tmp_path: Path) -> None
 def test_say_cli_reports_an_unreachable_server(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "streamtts.cli", "say", "--server", "ws://127.0.0.1:9", "--save", str(tmp_path / "x.wav"), "hi"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "cannot reach" in r.stderr
+    assert r.returncode == 2 and "cannot reach" in r.stderr and "Traceback" not in r.stderr

@@ -171,9 +171,10 @@ def test_fetch_errors_are_download_errors(tmp_path: Path) -> None:
         raise OSError("network unreachable")
 
     with pytest.raises(
-        DownloadError, match="downloading OpenMOSS-Team/MOSS-TTS-GGUF failed: network unreachable"
+        DownloadError, match=r"downloading OpenMOSS-Team/MOSS-TTS-GGUF failed \(network unreachable\).*--from-dir"
     ):
         download(tmp_path / "w", fetcher=offline)
+    assert not (tmp_path / "w").exists()  # no empty folder left behind
 
 
 def test_cli_download_from_dir(

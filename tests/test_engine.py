@@ -18,6 +18,7 @@ from streamtts.core.delay import de_delay, drop_pad_frames
 from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
 from streamtts.core.state import reference_init, reference_step
 from streamtts.core.tokens import load_token_ids
+from streamtts.engine.decoding import _END_RAMP, END_FADE_SAMPLES
 from streamtts.errors import InputError, PromptTooLongError, ReferenceAudioError
 from streamtts.model.backbone import Backbone, BackboneParams
 from streamtts.model.weights import AudioHeads, Embedder
@@ -113,7 +114,10 @@ def test_streamed_equals_offline_decode(demo_model_dir: Path, chunks: list[int])
     cfg = load_config(demo_model_dir / "config.yaml")
     offline = load_decoder(cfg).decode(codes[None])[0]
     assert pcm.shape == offline.shape == (30 * 1920,)
-    assert np.max(np.abs(pcm - offline)) <= 1e-5
+    n = END_FADE_SAMPLES  # the stream's end fades out to exactly 0 (no click)
+    assert np.max(np.abs(pcm[:-n] - offline[:-n])) <= 1e-5
+    assert pcm[-1] == 0.0 and np.all(np.abs(pcm[-n:]) <= np.abs(offline[-n:]) + 1e-5)
+    assert np.max(np.abs(pcm[-n:] - offline[-n:] * _END_RAMP)) <= 1e-5
     if chunks == [1, 2, 4, 8]:
         assert [len(c.frames) for c in got][:4] == [1, 2, 4, 8]
 

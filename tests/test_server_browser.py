@@ -1,9 +1,15 @@
 """The browser page in headless Chromium (Debian's, driven by Playwright).
 
 The page exposes what it measured as ``window.streamtts``: every chunk's
-scheduled start on the AudioContext clock, underruns, segments, TTFA. The
-test asserts that audio arrived and was scheduled back to back: each chunk
-starts exactly where the previous one ends, with no underrun.
+scheduled start on the AudioContext clock, underruns, segments, TTFA, and an
+output meter (an AudioWorklet on the same clock: when sound last started and
+stopped). The tests assert that audio arrived and was scheduled back to back
+(each chunk starts exactly where the previous one ends, with no underrun);
+that Stop, and a new Speak during playback, silence the output within 100 ms
+of the click on that clock although seconds of audio were still scheduled;
+that "done" comes once playback has ended; that a refused start is final and
+the next Speak works with fresh stats; and that a dropped clip becomes the
+voice the next run speaks with.
 """
 
 from __future__ import annotations
@@ -126,3 +132,136 @@ def test_page_word_by_word_speaks_the_same_segments(page: Any, server: Any) -> N
     assert_gapless(stats)
     assert len(stats["segments"]) == 3
     server.wait_idle()
+
+
+# -- Stop, re-run, refused start, upload, model notice ------------------------------------------
+LONG_TEXT = " ".join(
+    f"This is sentence number {i} of a long text, so that seconds of audio are scheduled ahead."
+    for i in range(1, 9)
+)
+# A head start of 2 s: when sound starts, seconds of audio are already scheduled, even when the
+# shared test machine generates slowly. Stop must silence those too.
+STOP_PREROLL_S = 2.0
+MAX_SILENCE_S = 0.1  # the issue's bound, on the page's audio clock
+
+
+def start_long_run(page: Any, server: Any) -> float:
+    """Speak LONG_TEXT; return once sound is playing, with the seconds scheduled ahead."""
+    page.goto(f"{server.http}/?preroll={STOP_PREROLL_S}")
+    page.fill("#text", LONG_TEXT)
+    page.fill("#seed", "5")
+    page.click("#speak")
+    page.wait_for_function("window.streamtts.meter.sound === true", timeout=90_000)
+    assert page.evaluate("window.streamtts.meter.ready"), "the output meter (AudioWorklet) did not load"
+    ahead: float = page.evaluate("run.nextStart - ctx.currentTime")
+    return ahead
+
+
+def silence_after(page: Any, click_time_expr: str) -> tuple[float, float]:
+    """(seconds from the click to silence, seconds of silence observed since) on the audio clock."""
+    try:
+        page.wait_for_function("window.streamtts.meter.sound === false", timeout=5_000)
+    except Exception as exc:  # Playwright's TimeoutError
+        raise AssertionError("the output was still sounding 5 s after the click") from exc
+    page.wait_for_timeout(1000)  # nothing scheduled may sound after that
+    m = page.evaluate(f"({{meter: window.streamtts.meter, click: {click_time_expr}, now: ctx.currentTime}})")
+    assert m["meter"]["sound"] is False, "sound came back after Stop: a scheduled source kept playing"
+    return m["meter"]["silentSince"] - m["click"], m["now"] - m["meter"]["silentSince"]
+
+
+def test_stop_silences_at_once(page: Any, server: Any) -> None:
+    ahead = start_long_run(page, server)
+    assert ahead > 0.5, f"only {ahead:.2f} s scheduled ahead: the test would not show a late stop"
+    page.click("#stop")
+    took, quiet = silence_after(page, "window.streamtts.stoppedAt")
+    assert 0 <= took <= MAX_SILENCE_S, f"Stop took {took * 1000:.0f} ms to silence ({ahead:.1f} s were scheduled)"
+    assert quiet >= 0.9
+    st = page.evaluate("window.streamtts")
+    assert st["state"] == "stopped"
+    assert page.is_enabled("#speak") and not page.is_enabled("#stop")
+    server.wait_idle()  # the cancel freed the server's session and engine slot
+
+
+def test_second_speak_replaces_the_first(page: Any, server: Any) -> None:
+    start_long_run(page, server)
+    t_click = page.evaluate("ctx.currentTime")
+    page.fill("#text", "A short second run.")
+    page.click("#speak")
+    # Silence first (the new run has a 2 s head start), then the new run alone.
+    took, _ = silence_after(page, str(t_click))
+    assert took <= MAX_SILENCE_S + 0.05, f"the first run kept playing {took * 1000:.0f} ms after Speak"
+    page.wait_for_function("window.streamtts.state === 'done'", timeout=90_000)
+    st = page.evaluate("window.streamtts")
+    assert st["run"] == 2 and st["errors"] == []
+    assert [s["text"] for s in st["segments"]] == ["A short second run."]  # stats of run 2 only
+    assert st["samples"] == st["done"]["frames"] * 1920
+    # "done" only once the last scheduled sample has been heard
+    last = st["schedule"][-1]
+    assert st["playbackEnd"] >= last["start"] + last["samples"] / 24000
+    server.wait_idle()
+
+
+def test_refused_start_is_final_and_the_page_recovers(page: Any, server: Any) -> None:
+    page.goto(f"{server.http}/?preroll={PREROLL_S}")
+    page.fill("#text", "Hello there, this will be refused.")
+    page.fill("#voice", "v_000000000000000000000000")
+    page.click("#speak")
+    page.wait_for_function("window.streamtts.state.startsWith('refused')", timeout=30_000)
+    st = page.evaluate("window.streamtts")
+    assert st["refused"]["code"] == "unknown_voice" and st["chunks"] == 0
+    assert page.is_enabled("#speak") and not page.is_enabled("#stop")
+    assert "unknown_voice" in page.inner_text("#log")
+    page.wait_for_timeout(500)
+    assert page.evaluate("window.streamtts.state").startswith("refused")  # not overwritten by the close
+    server.wait_idle()
+    # the next run starts from fresh stats
+    page.fill("#voice", "")
+    page.fill("#text", "Now it works.")
+    page.click("#speak")
+    page.wait_for_function("window.streamtts.state === 'done'", timeout=90_000)
+    st = page.evaluate("window.streamtts")
+    assert st["run"] == 2 and st["errors"] == [] and st["refused"] is None
+    assert st["done"]["reason"] == "end" and st["samples"] == st["done"]["frames"] * 1920
+    assert page.inner_text("#log") == ""
+    server.wait_idle()
+
+
+def test_dropped_clip_becomes_the_voice(page: Any, server: Any, voice_wav: Path) -> None:
+    import base64
+
+    page.goto(f"{server.http}/?preroll={PREROLL_S}")
+    b64 = base64.b64encode(voice_wav.read_bytes()).decode()
+    dt = page.evaluate_handle(
+        """(b64) => {
+            const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+            const dt = new DataTransfer();
+            dt.items.add(new File([bytes], "voice.wav", { type: "audio/wav" }));
+            return dt;
+        }""",
+        b64,
+    )
+    page.dispatch_event("#drop", "drop", {"dataTransfer": dt})
+    page.wait_for_function("window.streamtts.upload && window.streamtts.upload.state !== 'uploading'", timeout=60_000)
+    up = page.evaluate("window.streamtts.upload")
+    assert up["state"] == "done" and up["voice_id"].startswith("v_"), up
+    assert page.input_value("#voice") == up["voice_id"] and up["name"] == "voice.wav"
+    page.fill("#text", "Spoken in the dropped voice.")
+    page.click("#speak")
+    page.wait_for_function("window.streamtts.state === 'done'", timeout=90_000)
+    st = page.evaluate("window.streamtts")
+    assert st["ready"]["voice"] == up["voice_id"] and st["done"]["frames"] > 0
+    # a file that is not audio: one readable line, not a repr
+    page.set_input_files("#clip", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not audio" * 100}])
+    page.wait_for_function("window.streamtts.upload.state === 'error'", timeout=30_000)
+    err = page.evaluate("window.streamtts.upload.error")
+    assert "cannot read it as wav/flac/ogg" in err and "BytesIO" not in err and "<" not in err
+    server.wait_idle()
+
+
+def test_page_names_the_model_and_says_it_is_the_demo(page: Any, server: Any) -> None:
+    page.goto(server.http + "/")
+    page.wait_for_function("window.streamtts.info !== null", timeout=30_000)
+    assert "demo model" in page.inner_text("#model")
+    assert page.is_visible("#notice") and "tones, not words" in page.inner_text("#notice")
+    icon = page.request.get(server.http + "/favicon.ico")
+    assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")

@@ -1,7 +1,9 @@
 """A sound card stand-in clocked in real time, for headless tests of the real Player.
 
 Only the device is fake: the Player, its ring buffer and its audio callback run exactly as they do
-with a sound card (``Player(stream_factory=ClockedOutputStream)``).
+with a sound card (``Player(stream_factory=ClockedOutputStream)``). ``--output-device null``
+plays through one that keeps nothing (:func:`null_output_stream`): a machine without a sound
+card still runs ``speak`` at the pace of a listener.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .devices import AudioCallback, Float32Array
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClockedOutputStream"]
+__all__ = ["ClockedOutputStream", "null_output_stream"]
 
 
 class _TimeInfo:
@@ -71,6 +73,7 @@ class ClockedOutputStream:
         device_rate: int | None = None,
         block_ms: float = 20.0,
         latency: float = 0.0,
+        record: bool = True,
     ) -> None:
         if channels != 1 or dtype != "float32":
             raise ValueError("ClockedOutputStream plays mono float32 only")
@@ -80,6 +83,7 @@ class ClockedOutputStream:
         self.device = device
         self._latency = latency
         self._callback = callback
+        self._record = record
         self._blocks: list[Float32Array] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -156,7 +160,8 @@ class ClockedOutputStream:
                 self.error = exc
                 log.error("output callback raised; stream aborted", exc_info=exc)
                 return
-            self._blocks.append(out)
+            if self._record:
+                self._blocks.append(out)
             self.callbacks += 1
             underflow = False
             next_t += period
@@ -167,3 +172,12 @@ class ClockedOutputStream:
                 next_t = time.monotonic()
             elif delay > 0:
                 self._stop.wait(delay)
+
+
+def null_output_stream(
+    *, samplerate: int, blocksize: int, device: int | str | None, callback: AudioCallback
+) -> ClockedOutputStream:
+    """``--output-device null``: pulls audio at the pace of a sound card and discards it."""
+    return ClockedOutputStream(
+        samplerate=samplerate, blocksize=blocksize, device=device, callback=callback, record=False
+    )

@@ -27,15 +27,18 @@ __all__ = [
     "sounddevice_stream",
 ]
 
-_SAVE_HINT = "use --save FILE to write the audio instead"
-NO_DEVICE_MESSAGE = f"no audio output device found (PortAudio reports none); {_SAVE_HINT}"
-NO_PORTAUDIO_MESSAGE = (
+SAVE_HINT = "add --save FILE to write the audio to a file (or --output-device null)"
+# ``--output-device null``: a sink paced like a sound card that discards the audio
+NULL_DEVICE = "null"
+NO_DEVICE_REASON = "no audio output device found (PortAudio reports none)"
+NO_DEVICE_MESSAGE = f"{NO_DEVICE_REASON}; {SAVE_HINT}"
+NO_PORTAUDIO_REASON = (
     "audio playback is unavailable: the PortAudio library was not found "
-    f"(Debian/Ubuntu: apt-get install libportaudio2); {_SAVE_HINT}"
+    "(Debian/Ubuntu: apt-get install libportaudio2)"
 )
-NO_SOUNDDEVICE_MESSAGE = (
-    f"audio playback needs the 'sounddevice' package (pip install 'streamtts[audio]'); {_SAVE_HINT}"
-)
+NO_PORTAUDIO_MESSAGE = f"{NO_PORTAUDIO_REASON}; {SAVE_HINT}"
+NO_SOUNDDEVICE_REASON = "audio playback needs the 'sounddevice' package (pip install 'streamtts[audio]')"
+NO_SOUNDDEVICE_MESSAGE = f"{NO_SOUNDDEVICE_REASON}; {SAVE_HINT}"
 
 Float32Array = npt.NDArray[np.float32]
 AudioCallback = Callable[[Float32Array, int, Any, Any], None]
@@ -91,11 +94,11 @@ def _load_sounddevice() -> Any:
     try:
         import sounddevice
     except OSError as exc:  # raised at import when libportaudio is missing
-        raise PlaybackError(NO_PORTAUDIO_MESSAGE) from exc
+        raise PlaybackError(NO_PORTAUDIO_REASON, SAVE_HINT) from exc
     except ImportError as exc:
-        raise PlaybackError(NO_SOUNDDEVICE_MESSAGE) from exc
+        raise PlaybackError(NO_SOUNDDEVICE_REASON, SAVE_HINT) from exc
     except Exception as exc:  # e.g. PortAudioError from Pa_Initialize
-        raise PlaybackError(f"PortAudio failed to initialise: {exc}; {_SAVE_HINT}") from exc
+        raise PlaybackError(f"PortAudio failed to initialise: {exc}", SAVE_HINT) from exc
     return sounddevice
 
 
@@ -103,7 +106,7 @@ def _all_devices(sd: Any) -> list[dict[str, Any]]:
     try:
         return [dict(d) for d in sd.query_devices()]
     except Exception as exc:  # PortAudioError; sounddevice has no narrower base
-        raise PlaybackError(f"cannot list audio devices: {exc}; {_SAVE_HINT}") from exc
+        raise PlaybackError(f"cannot list audio devices: {exc}", SAVE_HINT) from exc
 
 
 def _default_output_index(sd: Any) -> int:
@@ -154,7 +157,7 @@ def _resolve(sd: Any, spec: int | str | None) -> dict[str, Any]:
     devices = _all_devices(sd)
     outputs = [d for d in devices if d["max_output_channels"] > 0]
     if not outputs:
-        raise PlaybackError(NO_DEVICE_MESSAGE)
+        raise PlaybackError(NO_DEVICE_REASON, SAVE_HINT)
     if isinstance(spec, str):
         spec = spec.strip()
         if spec.isdigit():
@@ -237,7 +240,7 @@ def sounddevice_stream(
         )
     except Exception as exc:  # PortAudioError, ValueError, ...: all mean "cannot open"
         raise PlaybackError(
-            f"cannot open audio output device {index} ({name!r}) at {rate} Hz: {exc}; {_SAVE_HINT}"
+            f"cannot open audio output device {index} ({name!r}) at {rate} Hz: {exc}", SAVE_HINT
         ) from exc
     log.debug("opened %r at %d Hz, latency %.3f s", name, rate, stream.latency)
     return cast(OutputStreamLike, stream)

@@ -241,3 +241,22 @@ class StreamEncoder:
         x = self._resampler.flush()
         self.samples_out += x.shape[0]
         return _encode_samples(x, self.format) if x.shape[0] else b""
+
+
+# -- audio files (synth --out, speak --save) -------------------------------------------------
+
+
+def file_extensions() -> list[str]:
+    """Extensions of the audio files libsndfile can write without more options (``.wav``,
+    ``.flac``, ``.ogg``, ``.mp3`` where the library has it, ...), most common first."""
+    import soundfile as sf
+
+    common = ["WAV", "FLAC", "OGG", "MP3"]
+    names = sorted(sf.available_formats(), key=lambda f: (f not in common, common.index(f) if f in common else 0, f))
+    return ["." + f.lower() for f in names if sf.default_subtype(f) is not None]
+
+
+def file_subtype(path: str) -> str | None:
+    """The sample type a file is written with: 16-bit PCM for .wav (what players expect),
+    libsndfile's default for the others."""
+    return "PCM_16" if path.lower().endswith(".wav") else None

@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from ..constants import SAMPLE_RATE
 from ..errors import PlaybackError
-from .devices import _SAVE_HINT, OutputStreamLike, StreamFactory, sounddevice_stream
+from .devices import NULL_DEVICE, SAVE_HINT, OutputStreamLike, StreamFactory, sounddevice_stream
 from .formats import StreamResampler
 
 log = logging.getLogger(__name__)
@@ -346,6 +346,10 @@ class Player:
         self.buffer_s = buffer_s
         self.samplerate = samplerate
         self.blocksize = blocksize
+        if stream_factory is None and device == NULL_DEVICE:
+            from .clocked import null_output_stream
+
+            stream_factory = null_output_stream
         self._factory: StreamFactory = stream_factory or sounddevice_stream
 
     async def play(
@@ -378,7 +382,7 @@ class Player:
             try:
                 stream.start()
             except Exception as exc:  # PortAudioError (device busy, unplugged, ...)
-                raise PlaybackError(f"cannot start audio output: {exc}; {_SAVE_HINT}") from exc
+                raise PlaybackError(f"cannot start audio output: {exc}", SAVE_HINT) from exc
             monitor = asyncio.create_task(_monitor(pb, writer))
             await self._feed(chunks, pb, stream, resampler)
             await _wait_drained(pb, stream)

@@ -108,8 +108,10 @@ def _read_encoded(
     except ReferenceAudioError:
         raise
     except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as exc:
+        # libsndfile's own words: str(exc) would name the in-memory file by its repr
+        reason = getattr(exc, "error_string", "") or str(exc)
         raise ReferenceAudioError(
-            f"reference audio {name}: cannot read it as wav/flac/ogg audio ({exc})"
+            f"reference audio {name}: cannot read it as wav/flac/ogg audio ({reason.rstrip('.')})"
         ) from exc
 
 

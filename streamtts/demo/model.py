@@ -365,7 +365,7 @@ use_gpu_audio: false
 
 n_ctx: 4096
 n_batch: 512
-n_threads: 0          # 0 = all physical cores
+n_threads: 0          # 0 = the physical cores other processes leave idle
 n_gpu_layers: 0
 max_new_tokens: 1024
 
@@ -517,11 +517,21 @@ def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-    log.info(
+    log.debug(
         "using the synthetic demo model at %s (random weights: it speaks in soft tones, not words)",
         target,
     )
     return target / "config.yaml"
+
+
+def demo_marker(config_path: str | Path) -> dict[str, Any] | None:
+    """What the demo model next to ``config_path`` is (preset, seed, ...), or None when the
+    config is not a demo model's."""
+    try:
+        marker = json.loads((Path(config_path).parent / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
 
 
 def demo_model_main(dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones") -> Path:

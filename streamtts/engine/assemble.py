@@ -78,13 +78,42 @@ def kv_bytes_per_cell(hp: dict[str, int], type_k: str, type_v: str) -> float:
     return hp["n_layer"] * per_layer
 
 
+def _model_name(cfg: EngineConfig, gguf: str) -> dict[str, Any]:
+    """``model``: what a person would call it (the page shows it); ``demo``: whether it is the
+    synthetic demo model, which speaks in tones, not words."""
+    from ..demo.model import demo_marker
+
+    marker = demo_marker(cfg.source) if cfg.source else None
+    if marker is None:
+        return {"model": Path(gguf).name, "demo": False}
+    preset = marker.get("preset", {}).get("name", "?")
+    return {"model": f"streamtts demo model ({preset}, random weights)", "demo": True}
+
+
+def _auto_threads() -> int:
+    """``n_threads: 0``: the idle physical cores (model/threads.py says why), with a warning
+    when that is fewer than the machine has."""
+    from ..model.threads import auto_threads
+
+    c = auto_threads()
+    if c.reduced:
+        log.warning(
+            "other processes keep %.1f of %d cores busy: llama.cpp gets %d thread(s), not %d "
+            "(threads that share a busy core stall every step; --n-threads / n_threads overrides)",
+            c.busy_elsewhere, c.physical_cores, c.threads, c.physical_cores,
+        )  # fmt: skip
+    else:
+        log.info("n_threads auto: %d (other processes busy on %.1f cores)", c.threads, c.busy_elsewhere)
+    return int(c.threads)
+
+
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
     from threadpoolctl import threadpool_limits
 
     from ..codec import load_decoder, load_encoder, load_streaming_decoder
     from ..core.prompt import HFTokenizer
     from ..model import _llama
-    from ..model.backbone import Backbone, BackboneParams, physical_cores
+    from ..model.backbone import Backbone, BackboneParams
     from ..model.weights import AudioHeads, Embedder
 
     if cfg.audio_backend == "torch":
@@ -108,7 +137,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         _require(cfg, "lm_head_dir", "the LM heads folder (lm_head_audio_XX.npy)")
     mc = find_model_config(cfg)
     ids = load_token_ids(mc)
-    threads = cfg.n_threads if cfg.n_threads > 0 else physical_cores()
+    threads = cfg.n_threads if cfg.n_threads > 0 else _auto_threads()
     streams = cfg.max_streams
     params = BackboneParams(
         model_path=gguf,
@@ -120,6 +149,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         type_k=cfg.kv_cache_type_k,
         type_v=cfg.kv_cache_type_v,
         flash_attn=str(cfg.flash_attn).lower(),
+        thread_poll=None if cfg.thread_poll < 0 else cfg.thread_poll,
     )
     tokenizer = HFTokenizer(cfg.tokenizer_dir)
     if cfg.log_llama and backbone_factory is None:
@@ -150,6 +180,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     hp = gguf_hparams(Path(gguf))
     kv_stream = kv_bytes_per_cell(hp, cfg.kv_cache_type_k, cfg.kv_cache_type_v) * backbone.n_ctx_seq
     info = {
+        **_model_name(cfg, gguf),
         "backbone": gguf,
         "kv_cache_mib_per_stream": round(kv_stream / 2**20, 1),
         "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),

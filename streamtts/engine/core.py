@@ -83,6 +83,9 @@ class StepProfile:
     other: float = 0.0
     prefill: float = 0.0
     prefill_rows: int = 0
+    # the fastest one-row decode: what a step costs when nothing else wants the CPU
+    # (`--profile` warns when the average is far above it)
+    backbone_min_1row: float = float("inf")
 
     def per_step_ms(self) -> dict[str, float]:
         n = max(self.ticks, 1)
@@ -350,7 +353,10 @@ class EngineCore:
             return False
         kv_pos[run] += 1
         prof.embed += t1 - t0
-        prof.backbone += time.perf_counter() - t1
+        dt = time.perf_counter() - t1
+        prof.backbone += dt
+        if b == 1 and dt < prof.backbone_min_1row:
+            prof.backbone_min_1row = dt
         return True
 
     def _prefill_piece(self, slot: int, n: int, out_row: int) -> bool:

@@ -37,6 +37,18 @@ from .sink import StreamSink
 
 log = logging.getLogger(__name__)
 
+# A finished stream's last samples fade out (raised cosine to exactly 0): the codec's waveform
+# stops wherever the last frame leaves it, and a player that stops there clicks. 5 ms is
+# inaudible as a fade (the same as the server's segment joins).
+END_FADE_SAMPLES = 120
+_END_RAMP = (0.5 + 0.5 * np.cos(np.pi * (np.arange(END_FADE_SAMPLES) + 1) / END_FADE_SAMPLES)).astype(np.float32)
+
+
+def fade_out_end(samples: np.ndarray) -> None:
+    """Fade the last ``END_FADE_SAMPLES`` of a stream's last chunk in place."""
+    k = min(END_FADE_SAMPLES, samples.shape[0])
+    if k:
+        samples[samples.shape[0] - k :] *= _END_RAMP[END_FADE_SAMPLES - k :]
 
 @dataclass(slots=True)
 class DecodeJob:
@@ -300,6 +312,8 @@ class DecodeWorker:
         share = dt / len(jobs)
         for job, samples in zip(jobs, pcm, strict=True):
             n_new = job.codes.shape[0]
+            if job.is_last:
+                fade_out_end(samples)
             stats = job.sink.stats
             stats.decode_s += share
             stats.decode_windows += 1

@@ -170,7 +170,7 @@ class Engine:
             from ..demo.model import ensure_demo_model
 
             config = ensure_demo_model()
-            log.info("no config given: using the synthetic demo model at %s", Path(config).parent)
+            log.debug("no config given: using the synthetic demo model at %s", Path(config).parent)
         return cls(load_config(config, **overrides))
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -301,3 +301,13 @@ class Engine:
 
     def step_profile(self) -> dict[str, float]:
         return {} if self._core is None else dict(self._core.profile.per_step_ms())
+
+    def count_text_tokens(self, text: str) -> int:
+        """Text tokens of ``text`` as the model's tokenizer cuts it (no normalisation)."""
+        self._require_started()
+        return len(self._preparer.tokenizer.encode(text))
+
+    def fastest_backbone_ms(self) -> float | None:
+        """The fastest one-row backbone decode so far (ms), None before any."""
+        t = None if self._core is None else self._core.profile.backbone_min_1row
+        return None if t is None or t == float("inf") else 1000.0 * t

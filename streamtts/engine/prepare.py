@@ -28,7 +28,7 @@ from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.weights import Embedder
 from ..request import PreparedRequest, ReferenceLike, StreamOptions, StreamStats, Voice
 from ..text.normalize import normalize_text
-from ..text.segmenter import split_text
+from ..text.segmenter import speakable, split_text
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,8 @@ class Preparer:
         clean = normalize_text(text) if normalize else text
         if not clean.strip():
             raise InputError("text is empty" + (" after normalisation" if text.strip() else ""))
+        if not speakable(clean):  # the server's segmenter drops such text too: one rule everywhere
+            raise InputError(f"text {text.strip()[:40]!r} has nothing to say (no letters or digits)")
         sampling = (options.sampling or self.cfg.sampling).validate()
         if options.tokens is not None and options.tokens < 1:
             raise InputError(f"tokens (duration in frames) must be >= 1, got {options.tokens}")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,6 +34,7 @@ import numpy.typing as npt
 from ..errors import BackboneError, ConfigError, ModelFileError
 from . import _llama
 from ._llama import STT_E_INVALID, STT_E_MODEL
+from .threads import physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -104,24 +104,6 @@ def flash_attn_id(value: str | bool) -> int:
         raise ConfigError(
             f"flash_attn must be auto, enabled or disabled (or true/false), got {value!r}"
         ) from None
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on (hyper-threads counted once)."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-    cores: set[tuple[str, str]] = set()
-    for cpu in allowed:
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            pkg = (topo / "physical_package_id").read_text().strip()
-            core = (topo / "core_id").read_text().strip()
-        except OSError:
-            return max(1, len(allowed))
-        cores.add((pkg, core))
-    return max(1, len(cores))
 
 
 def _ptr(a: npt.NDArray[Any] | None) -> ctypes.c_void_p:

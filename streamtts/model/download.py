@@ -97,7 +97,13 @@ def fetch_repo(
     except StreamTTSError:
         raise
     except Exception as exc:  # hub/network errors have many types; keep the cause
-        raise DownloadError(f"downloading {repo_id} failed: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DownloadError(
+            f"downloading {repo_id} failed ({first.removeprefix('Got: ')}); without access to "
+            "huggingface.co, fetch both repositories on another machine (`hf download REPO "
+            "--local-dir DIR/REPO_NAME`) and run `streamtts download --from-dir DIR`, or set "
+            "HF_ENDPOINT to a mirror"
+        ) from exc
     return local_dir
 
 
@@ -338,6 +344,21 @@ def gpu_available() -> bool:
 # -- the command --------------------------------------------------------------------------
 
 
+def _topmost_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (what mkdir -p creates)."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def _holds_files(folder: Path) -> bool:
+    """Whether ``folder`` holds a file besides the hub's bookkeeping (``.cache``)."""
+    return any(f.is_file() and ".cache" not in f.relative_to(folder).parts for f in folder.rglob("*"))
+
+
 def download(
     dest: str | os.PathLike[str] = "weights",
     quant: str = "Q4_K_M",
@@ -364,17 +385,27 @@ def download(
             "quant %s is not one of the published %s; trying anyway", quant, ", ".join(QUANTS)
         )
     base = Path(dest)
+    if from_dir is not None and not Path(from_dir).is_dir():
+        raise ConfigError(f"--from-dir {from_dir}: no such folder")
+    created = _topmost_missing(base)
     base.mkdir(parents=True, exist_ok=True)
     gpats = gguf_patterns(quant, text_head=text_head)
     jobs = [(GGUF_REPO, GGUF_DIR, gpats)]
     if codec:
         jobs.append((CODEC_REPO, CODEC_DIR, CODEC_PATTERNS))
-    for repo, sub, pats in jobs:
-        if from_dir is not None:
-            n = copy_tree(Path(from_dir) / sub, base / sub, pats)
-            log.info("%s: %d file(s) copied from %s", sub, n, Path(from_dir) / sub)
-        else:
-            fetch_repo(repo, base / sub, pats, revision=revision, fetcher=fetcher)
+    try:
+        for repo, sub, pats in jobs:
+            if from_dir is not None:
+                n = copy_tree(Path(from_dir) / sub, base / sub, pats)
+                log.info("%s: %d file(s) copied from %s", sub, n, Path(from_dir) / sub)
+            else:
+                fetch_repo(repo, base / sub, pats, revision=revision, fetcher=fetcher)
+    except BaseException:
+        # Offline, or a wrong --from-dir: leave no empty folder behind (a partial download
+        # is kept: the next run resumes it).
+        if created is not None and not _holds_files(created):
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     rep = check_layout(base, quant, text_head=text_head)
     if not codec:  # codec problems are the user's business when they skipped it
         rep.problems = [p for p in rep.problems if not p.startswith(CODEC_DIR)]

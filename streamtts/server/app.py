@@ -13,10 +13,12 @@ Routes::
     WS   /v1/stream          the streaming protocol (ws.py, docs/protocol.md)
     POST /v1/audio/speech    OpenAI-compatible speech (speech_http.py)
     POST /v1/voices          upload a reference clip -> voice id
-    GET  /v1/voices          ids of the cached voices
+    GET  /v1/voices          the cached voices (id, name, seconds)
     DELETE /v1/voices/{id}
     GET  /healthz            200 when ready, 503 while loading or closing
     GET  /metrics            Prometheus text
+    GET  /v1/info            the model's name, whether it is the demo model (page.py)
+    GET  /favicon.ico        the page's icon
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..request import Voice
 from .hosts import HostAllowList, HostCheckMiddleware
 from .logs import UvicornRefusalFilter
 from .metrics import CONTENT_TYPE
+from .page import clip_from_body, favicon, info
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
 from .state import ServerSettings, ServerState
@@ -107,6 +110,8 @@ def create_app(
             Route("/", index),
             Route("/healthz", healthz),
             Route("/metrics", metrics),
+            Route("/favicon.ico", favicon),
+            Route("/v1/info", info),
             Route("/v1/audio/speech", speech_endpoint, methods=["POST"]),
             Route("/v1/voices", upload_voice, methods=["POST"]),
             Route("/v1/voices", list_voices, methods=["GET"]),
@@ -165,9 +170,14 @@ async def metrics(request: Request) -> Response:
 async def upload_voice(request: Request) -> Response:
     s = _state(request)
     m = s.metrics
-    data = await read_request(s, request, s.settings.max_voice_bytes, "clip")
-    if isinstance(data, Response):
-        return data
+    body = await read_request(s, request, s.settings.max_voice_bytes, "clip")
+    if isinstance(body, Response):
+        return body
+    try:
+        data, form_name = await clip_from_body(request.headers, body)
+    except ReferenceAudioError as exc:
+        m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
+        return error_response(400, ErrorCode.INVALID_REFERENCE_AUDIO, str(exc))
     if not data:
         m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
         return error_response(
@@ -176,7 +186,7 @@ async def upload_voice(request: Request) -> Response:
             "empty body: send the clip's bytes (wav, flac, ogg)",
         )
     try:
-        info = await s.voices.add(data, name=request.query_params.get("name", ""))
+        voice = await s.voices.add(data, name=request.query_params.get("name", "") or form_name)
     except ReferenceAudioError as exc:
         m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
         return error_response(400, ErrorCode.INVALID_REFERENCE_AUDIO, str(exc))
@@ -186,13 +196,13 @@ async def upload_voice(request: Request) -> Response:
         return error_response(500, ErrorCode.INTERNAL_ERROR, str(exc), "server_error")
     return JSONResponse(
         {
-            "voice_id": info.voice_id,
-            "frames": info.frames,
-            "seconds": info.seconds,
-            "name": info.name,
-            "cached": info.cached,
+            "voice_id": voice.voice_id,
+            "frames": voice.frames,
+            "seconds": voice.seconds,
+            "name": voice.name,
+            "cached": voice.cached,
         },
-        status_code=200 if info.cached else 201,
+        status_code=200 if voice.cached else 201,
     )
 
 
@@ -201,7 +211,11 @@ async def list_voices(request: Request) -> Response:
     denied = check_access(s, request)
     if denied is not None:
         return denied
-    return JSONResponse({"voices": s.voices.ids(), "capacity": s.voices.capacity})
+    voices = [
+        {"voice_id": v.voice_id, "name": v.name, "seconds": v.seconds, "frames": v.frames}
+        for v in s.voices.infos()
+    ]
+    return JSONResponse({"voices": voices, "capacity": s.voices.capacity})
 
 
 async def delete_voice(request: Request) -> Response:

@@ -222,7 +222,7 @@ async def speech_endpoint(request: Request) -> Response:
             str(first.error),
             "server_error" if code not in _STATUS else "invalid_request_error",
         )
-    body_iter = _body(state, events, first, fmt, wav, sse, release)
+    body_iter = _body(state, events, first, fmt, wav, sse, release, req.input)
     media = (
         "text/event-stream"
         if sse
@@ -299,6 +299,7 @@ async def _body(
     wav: bool,
     sse: bool,
     release: Any,
+    text: str = "",
 ) -> AsyncIterator[bytes]:
     m = state.metrics
     enc = StreamEncoder(fmt)
@@ -313,7 +314,7 @@ async def _body(
         return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64})}\n\n".encode()
 
     try:
-        if wav:
+        if wav and not sse:  # SSE events carry audio only; a header is no audio
             yield out(wav_header(fmt.sample_rate, fmt.encoding))
         ev: SegmentEvent | None = first
         while ev is not None:
@@ -341,9 +342,10 @@ async def _body(
         if frames:
             m.rtf.observe((loop.time() - t0) / (frames / FRAME_RATE))
         if sse:
+            n_in = await asyncio.to_thread(state.engine.count_text_tokens, text)
             done = {
                 "type": "speech.audio.done",
-                "usage": {"input_tokens": 0, "output_tokens": frames, "total_tokens": frames},
+                "usage": {"input_tokens": n_in, "output_tokens": frames, "total_tokens": n_in + frames},
             }
             yield f"data: {json.dumps(done)}\n\n".encode()
     finally:

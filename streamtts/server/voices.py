@@ -77,6 +77,10 @@ class VoiceStore:
     def ids(self) -> list[str]:
         return list(self._voices)
 
+    def infos(self) -> list[VoiceInfo]:
+        """Every cached voice, least recently used first."""
+        return [_info(vid, v, cached=True) for vid, v in self._voices.items()]
+
     async def add(self, data: bytes, name: str = "") -> VoiceInfo:
         """Encode ``data`` (any audio file soundfile reads) unless known; return its id."""
         vid = voice_id_for(data)

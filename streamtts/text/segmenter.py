@@ -79,7 +79,8 @@ def _weight(ch: str) -> int:
     return CJK_WEIGHT if _is_cjk(ch) else 1
 
 
-def _speakable(text: str) -> bool:
+def speakable(text: str) -> bool:
+    """Whether ``text`` has anything to say: a letter or a digit (``"..."`` has not)."""
     return any(ch.isalnum() for ch in text)
 
 
@@ -126,7 +127,7 @@ class Segmenter:
         out = self._scan(final=True)
         rest = self._buf.strip()
         self._buf, self._pos, self._w = "", 0, 0
-        if rest and _speakable(rest):
+        if rest and speakable(rest):
             out.append(rest)
         return out
 
@@ -152,7 +153,7 @@ class Segmenter:
                 cut = self._boundary(buf, start, i, run, nxt, w + sum(_weight(c) for c in run))
                 if cut:
                     piece = buf[start:j].strip()
-                    if _speakable(piece):
+                    if speakable(piece):
                         out.append(piece)
                         start, w = j, 0
                     else:
@@ -166,7 +167,7 @@ class Segmenter:
             if w > cfg.max_chars:
                 cut_at = self._overflow_cut(buf, start, i)
                 piece = buf[start:cut_at].strip()
-                if piece and _speakable(piece):
+                if piece and speakable(piece):
                     out.append(piece)
                 start = cut_at
                 w = sum(_weight(c) for c in buf[start:i])
