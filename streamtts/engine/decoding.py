@@ -328,4 +328,5 @@ class DecodeWorker:
                 )
             )
             if job.is_last:
+                self.codec.forget(job.rid)  # before the consumer learns the stream is over
                 job.sink.finish()
