@@ -103,7 +103,7 @@ def test_cancel_frees_the_streams_codec_slot(real_codec_model_dir: Path) -> None
             # the freed slot serves new streams: more streams than slots, one after another
             for seed in range(3):
                 await collect(engine, seed, frames=5)
-            return during, after, codec.active
+            return during, after, codec.active  # released before each consumer saw its end
 
     during, after, final = asyncio.run(main())
     assert during == 1
