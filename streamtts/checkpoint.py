@@ -98,7 +98,9 @@ class Checkpoint:
     ``with Checkpoint(folder) as ck: ck.get("decoder.0.input_proj.weight")``.
     """
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, prefixes: tuple[str, ...] = ()) -> None:
+        """``prefixes``: read only tensors whose names start with one of them (all when
+        empty); shards the index names for other tensors only may be absent."""
         self.folder = Path(folder)
         self._where: dict[str, Path] = {}
         self._meta: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -112,7 +114,9 @@ class Checkpoint:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ModelFileError(index, "a safetensors index with a weight_map") from exc
-            files = sorted({self.folder / str(f) for f in weight_map.values()})
+            files = sorted(
+                {self.folder / str(f) for n, f in weight_map.items() if not prefixes or n.startswith(prefixes)}
+            )
             for f in files:
                 if not f.is_file():
                     raise ModelFileError(f, f"a shard named by {index.name}", "missing")
@@ -123,7 +127,7 @@ class Checkpoint:
         for f in files:
             header, data_start = _check_file(f)
             for name, info in header.items():
-                if name == "__metadata__":
+                if name == "__metadata__" or (prefixes and not name.startswith(prefixes)):
                     continue
                 self._where[name] = f
                 self._meta[name] = (str(info.get("dtype")), tuple(int(d) for d in info["shape"]))

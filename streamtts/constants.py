@@ -12,3 +12,5 @@ FRAME_RATE = SAMPLE_RATE / FRAME_SAMPLES  # 12.5 frames per second
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE  # 0.08 s per frame
 N_VQ = 32  # codebooks per frame
 AUDIO_VOCAB = 1024  # codes per codebook; code 1024 is the pad code
+# names of the tensors a MOSS-Audio-Tokenizer checkpoint's decoder is built from
+CODEC_DECODER_PREFIXES = ("decoder.", "quantizer.")

@@ -109,6 +109,12 @@ def add_parser(sub: Any) -> None:
     )
     d.add_argument("--no-codec", action="store_true", help="skip the codec repository")
     d.add_argument(
+        "--no-streaming-codec",
+        action="store_true",
+        help="skip the codec checkpoint and the exact streaming decoder built from it "
+        "(the engine then decodes in windows)",
+    )
+    d.add_argument(
         "--fuse", action="store_true", help="also write the fused-heads GGUF (streamtts convert)"
     )
     d.add_argument(
@@ -229,15 +235,49 @@ def _build_engine(args: argparse.Namespace) -> int:
 def _download(args: argparse.Namespace) -> int:
     from .model.download import download
 
+    streaming = not args.no_codec and not args.no_streaming_codec
     cfg, rep = download(
         args.dest, args.quant, from_dir=args.from_dir, revision=args.revision,
-        text_head=not args.no_text_head, codec=not args.no_codec, fuse=args.fuse,
-        gpu=False if args.cpu else None,
+        text_head=not args.no_text_head, codec=not args.no_codec, codec_checkpoint=streaming,
+        fuse=args.fuse, gpu=False if args.cpu else None,
     )  # fmt: skip
     print(f"weights checked ({rep.quant}, hidden size {rep.n_embd}): {Path(args.dest).resolve()}")
+    if streaming:
+        _build_streaming_codec(Path(args.dest))
     print(f"config: {cfg}")
     print(f"try it: streamtts synth --config {cfg} --text 'Hello there.' --out hello.wav")
     return 0
+
+
+def _build_streaming_codec(dest: Path) -> None:
+    """decoder_streaming.onnx beside decoder.onnx, from the fetched checkpoint (the engine
+    picks it up there); skipped when it is already built from these weights."""
+    from .codec.build import build_decoders
+    from .codec.stamp import weights_stamp
+    from .model.download import CODEC_CKPT_DIR, CODEC_DIR
+
+    ckpt = dest / CODEC_CKPT_DIR
+    if not (ckpt / "config.json").is_file():
+        print("codec: no checkpoint, so no streaming decoder: the engine decodes in windows")
+        return
+    out = dest / CODEC_DIR / "decoder_streaming.onnx"
+    if out.is_file() and _stamp_of(out) == weights_stamp(ckpt):
+        print(f"codec: {out} is up to date")
+        return
+    res = build_decoders(ckpt, out=out, progress=sys.stderr.isatty())
+    print(
+        f"codec: built {out} in {res.seconds:.0f} s (exact streaming; "
+        f"{res.state_bytes_per_slot / 2**20:.0f} MiB of state per stream)"
+    )
+
+
+def _stamp_of(path: Path) -> str:
+    import onnx
+
+    from .codec.stamp import KEY_STAMP
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next((p.value for p in model.metadata_props if p.key == KEY_STAMP), "")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,8 @@ from streamtts import Engine
 from streamtts.config import load_config
 from streamtts.errors import ModelFileError
 from streamtts.model.download import (
+    CODEC_CKPT_DIR,
+    CODEC_CKPT_REPO,
     CODEC_DIR,
     CODEC_REPO,
     GGUF_DIR,
@@ -35,6 +37,24 @@ def hub(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / GGUF_DIR / "MOSS_TTS_Q8_0.gguf").write_bytes(b"GGUF" + b"\0" * 64)
     (root / GGUF_DIR / "README.md").write_text("model card\n")
     (root / CODEC_DIR / "notes.txt").write_text("not a pattern we fetch\n")
+    # the codec's own checkpoint (what the exact streaming decoder is built from), sharded:
+    # only the shard holding decoder tensors is fetched
+    from streamtts.codec.random_ckpt import write_random_checkpoint
+    from streamtts.demo.real_codec import demo_codec_config
+
+    ck = root / CODEC_CKPT_DIR
+    write_random_checkpoint(ck, demo_codec_config())
+    (ck / "model.safetensors").rename(ck / "model-00001-of-00002.safetensors")
+    (ck / "model-00002-of-00002.safetensors").write_bytes(b"encoder shard: never fetched")
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(ck / "model-00001-of-00002.safetensors"), "numpy") as f:
+        names = list(f.keys())
+    wm = {n: "model-00001-of-00002.safetensors" for n in names}
+    wm["encoder.0.weight"] = "model-00002-of-00002.safetensors"
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
     return root
 
 
@@ -46,7 +66,7 @@ def fake_fetcher(hub: Path, calls: list[dict[str, Any]]) -> Any:
         repo_id: str, *, local_dir: str, allow_patterns: list[str], revision: str | None = None
     ) -> str:
         calls.append({"repo": repo_id, "patterns": allow_patterns, "revision": revision})
-        src = hub / (GGUF_DIR if repo_id == GGUF_REPO else CODEC_DIR)
+        src = hub / {GGUF_REPO: GGUF_DIR, CODEC_REPO: CODEC_DIR, CODEC_CKPT_REPO: CODEC_CKPT_DIR}[repo_id]
         files = [p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file()]
         for rel in filter_repo_objects(files, allow_patterns=allow_patterns):
             out = Path(local_dir) / rel
@@ -62,7 +82,9 @@ def test_download_fetches_one_quant_checks_and_writes_config(hub: Path, tmp_path
     dest = tmp_path / "weights"
     cfg_path, rep = download(dest, "Q4_K_M", fetcher=fake_fetcher(hub, calls), gpu=False)
     assert rep.ok and rep.n_embd == 64
-    assert [c["repo"] for c in calls] == [GGUF_REPO, CODEC_REPO]
+    assert [c["repo"] for c in calls] == [GGUF_REPO, CODEC_REPO, CODEC_CKPT_REPO, CODEC_CKPT_REPO]
+    assert calls[3]["patterns"] == ["model-00001-of-00002.safetensors"]  # the decoder's shard only
+    assert not (dest / CODEC_CKPT_DIR / "model-00002-of-00002.safetensors").exists()
     assert "MOSS_TTS_Q4_K_M.gguf" in calls[0]["patterns"]
     assert (dest / GGUF_DIR / "MOSS_TTS_Q4_K_M.gguf").is_file()
     assert not (dest / GGUF_DIR / "MOSS_TTS_Q8_0.gguf").exists()  # other quants stay on the hub
@@ -186,6 +208,16 @@ def test_cli_download_from_dir(
     assert main(["download", "--from-dir", str(hub), "--dest", str(dest), "--cpu"]) == 0
     out = capsys.readouterr().out
     assert "weights checked (Q4_K_M, hidden size 64)" in out and str(dest / "streamtts.yaml") in out
+    # the exact streaming decoder is built beside decoder.onnx, where the engine picks it up
+    assert "codec: built" in out and (dest / CODEC_DIR / "decoder_streaming.onnx").is_file()
+    assert main(["download", "--from-dir", str(hub), "--dest", str(dest), "--cpu"]) == 0
+    assert "is up to date" in capsys.readouterr().out  # a rerun does not rebuild it
+
+    async def codec_kind() -> str:
+        async with Engine.from_config(dest / "streamtts.yaml", n_threads=1, max_streams=1) as e:
+            return str(e.info["codec"])
+
+    assert asyncio.run(codec_kind()) == "streaming"
     assert (
         main(["download", "--from-dir", str(tmp_path / "nowhere"), "--dest", str(tmp_path / "x")])
         == 2

@@ -19,6 +19,7 @@ import json
 import struct
 from pathlib import Path
 
+from ..constants import CODEC_DECODER_PREFIXES
 from ..errors import ModelFileError
 
 __all__ = [
@@ -72,7 +73,9 @@ def weights_stamp(folder: str | Path) -> str:
         h.update(config.read_bytes())
         index = folder / "model.safetensors.index.json"
         if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            weight_map = json.loads(index.read_text())["weight_map"]
+            # the shards holding decoder tensors (the encoder's need not be there)
+            shards = sorted({f for n, f in weight_map.items() if n.startswith(CODEC_DECODER_PREFIXES)})
             files = [folder / s for s in shards]
         else:
             files = [folder / "model.safetensors"]

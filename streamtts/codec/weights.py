@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import Checkpoint
+from ..constants import CODEC_DECODER_PREFIXES
 from ..errors import ModelFileError
 from .arch import CodecArch, StageArch
 
@@ -138,7 +139,7 @@ class DecoderWeights:
     def __init__(self, folder: str | Path, arch: CodecArch) -> None:
         self.folder = Path(folder)
         self.arch = arch
-        self.ck = Checkpoint(self.folder)
+        self.ck = Checkpoint(self.folder, CODEC_DECODER_PREFIXES)  # the encoder's shards may be absent
         try:
             self._names = self._check()
         except BaseException:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import CODEC_DECODER_PREFIXES
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, DownloadError, ModelFileError, StreamTTSError
 
@@ -61,6 +62,12 @@ def gguf_patterns(quant: str, *, text_head: bool = True) -> list[str]:
 
 # Large ONNX models keep their weights in external data files next to the graph.
 CODEC_PATTERNS = ["*.onnx", "*.onnx.data", "*.onnx_data", "*.data", "*.json", "*.md"]
+# The codec's own checkpoint (safetensors): what `streamtts codec build` makes the exact
+# streaming decoder from. Only its config and the files holding decoder tensors are fetched.
+CODEC_CKPT_REPO = "OpenMOSS-Team/MOSS-Audio-Tokenizer"
+CODEC_CKPT_DIR = "MOSS-Audio-Tokenizer"
+_CKPT_META = ["config.json", "model.safetensors.index.json"]
+
 
 
 # -- fetching -----------------------------------------------------------------------------
@@ -132,6 +139,52 @@ def copy_tree(src: Path, dst: Path, patterns: list[str]) -> int:
         os.replace(tmp, out)
         n += 1
     return n
+
+
+def checkpoint_files(folder: Path) -> list[str]:
+    """The safetensors files of the codec checkpoint in ``folder`` that hold decoder tensors:
+    the shards its index names for ``decoder.*``/``quantizer.*``, or ``model.safetensors``."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return ["model.safetensors"]
+    import json
+
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelFileError(index, "a safetensors index with a weight_map") from exc
+    return sorted({str(f) for name, f in weight_map.items() if name.startswith(CODEC_DECODER_PREFIXES)})
+
+
+def fetch_codec_checkpoint(
+    dest: Path, *, from_dir: Path | None = None, revision: str | None = None,
+    fetcher: Fetcher | None = None,
+) -> Path | None:
+    """The codec checkpoint's config and decoder weights into ``dest/MOSS-Audio-Tokenizer``.
+
+    Optional (only the exact streaming decoder needs it): a failure is logged with what to
+    do, and None is returned so the windowed path keeps working.
+    """
+    out = dest / CODEC_CKPT_DIR
+    try:
+        if from_dir is not None:
+            src = from_dir / CODEC_CKPT_DIR
+            copy_tree(src, out, _CKPT_META)
+            copy_tree(src, out, checkpoint_files(out))
+        else:
+            fetch_repo(CODEC_CKPT_REPO, out, _CKPT_META, revision=revision, fetcher=fetcher)
+            fetch_repo(CODEC_CKPT_REPO, out, checkpoint_files(out), revision=revision, fetcher=fetcher)
+    except (StreamTTSError, OSError) as exc:
+        log.warning(
+            "the codec checkpoint (%s) was not fetched: %s. The engine decodes in windows; "
+            "for exact streaming, fetch it into %s and run `streamtts codec build --weights %s "
+            "--out %s`", CODEC_CKPT_REPO, exc, out, out, dest / CODEC_DIR / "decoder_streaming.onnx",
+        )  # fmt: skip
+        return None
+    if not (out / "config.json").is_file():
+        log.warning("the codec checkpoint in %s has no config.json; decoding in windows", out)
+        return None
+    return out
 
 
 # -- layout check -------------------------------------------------------------------------
@@ -367,11 +420,15 @@ def download(
     revision: str | None = None,
     text_head: bool = True,
     codec: bool = True,
+    codec_checkpoint: bool = True,
     fuse: bool = False,
     gpu: bool | None = None,
     fetcher: Fetcher | None = None,
 ) -> tuple[Path, LayoutReport]:
     """Fetch (or copy), check, and write ``DEST/streamtts.yaml``; returns (config, report).
+
+    With ``codec_checkpoint`` the codec's checkpoint (decoder tensors) lands in
+    ``DEST/MOSS-Audio-Tokenizer`` too, for ``streamtts codec build`` (the command runs it).
 
     Raises ``ModelFileError`` listing every problem when the layout is wrong (the
     config is then not written).
@@ -410,6 +467,11 @@ def download(
     if not codec:  # codec problems are the user's business when they skipped it
         rep.problems = [p for p in rep.problems if not p.startswith(CODEC_DIR)]
     rep.raise_if_bad()
+    if codec and codec_checkpoint:
+        fetch_codec_checkpoint(
+            base, from_dir=None if from_dir is None else Path(from_dir), revision=revision,
+            fetcher=fetcher,
+        )  # fmt: skip
     fused_path = None
     if fuse:
         from .fused_convert import convert
