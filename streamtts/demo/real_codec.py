@@ -66,13 +66,16 @@ def demo_codec_config(width: int = 64, layers: tuple[int, int, int, int] = (2, 1
     }
 
 
-def write_real_codec(onnx_dir: str | Path, checkpoint_dir: str | Path, seed: int = 0) -> tuple[Path, Path]:
+def write_real_codec(
+    onnx_dir: str | Path, checkpoint_dir: str | Path, seed: int = 0, config: dict[str, Any] | None = None
+) -> tuple[Path, Path]:
     """Write the checkpoint into ``checkpoint_dir`` and build ``onnx_dir/decoder.onnx``
-    (offline, official I/O) and ``onnx_dir/decoder_streaming.onnx`` from it."""
+    (offline, official I/O) and ``onnx_dir/decoder_streaming.onnx`` from it.
+    ``config``: another codec config.json (default: :func:`demo_codec_config`)."""
     ckpt = Path(checkpoint_dir)
     out = Path(onnx_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_random_checkpoint(ckpt, demo_codec_config(), seed=seed)
+    write_random_checkpoint(ckpt, config or demo_codec_config(), seed=seed)
     res = build_decoders(
         ckpt, out=out / "decoder_streaming.onnx", offline_out=out / "decoder.onnx", external=False
     )
