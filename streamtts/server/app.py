@@ -15,13 +15,18 @@ Routes::
     POST /v1/voices          upload a reference clip -> voice id
     GET  /v1/voices          ids of the cached voices
     DELETE /v1/voices/{id}
-    GET  /healthz            200 when ready, 503 while loading or closing
+    GET  /healthz            liveness: 200 once loaded (also while draining), 503 while
+                             loading or closing
+    GET  /readyz             readiness: 200 only while a session slot is free and the server
+                             is not draining (balancer health checks, Kubernetes readiness)
+    POST /admin/drain        start a drain (drain.py): the token, or loopback when none is set
     GET  /metrics            Prometheus text
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,12 +40,13 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from ..errors import ReferenceAudioError, StreamTTSError
+from ..errors import ReferenceAudioError, StreamTTSError, VoiceStoreUnavailableError
 from ..request import Voice
 from .metrics import CONTENT_TYPE
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
 from .state import ServerSettings, ServerState
+from .voice_store import open_shared_voices, redact_url
 from .voices import VoiceStore
 from .ws import websocket_endpoint
 
@@ -65,10 +71,21 @@ def create_app(
         v: Voice = await engine.encode_voice(data)
         return v
 
-    state = ServerState(engine, settings, VoiceStore(encode, settings.voice_cache_size))
+    vs = settings.voice_store
+    voices = VoiceStore(
+        encode,
+        settings.voice_cache_size,
+        open_shared_voices(vs),
+        recheck_s=vs.recheck_s,
+        max_stored_bytes=vs.max_stored_bytes,
+    )
+    state = ServerState(engine, settings, voices)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if voices.shared is not None and not await voices.shared.ping():
+            # Not fatal: synthesis without a stored voice works, and the store is retried.
+            log.warning("voice store %s unreachable at start", redact_url(vs.url))
         await engine.start()
         if settings.warmup:
             # The first generation pays one-off costs (thread start-up, ONNX session warm-up);
@@ -81,6 +98,7 @@ def create_app(
         finally:
             state.closing = True
             state.ready = False
+            await voices.aclose()
             if own_engine:
                 await engine.aclose()
 
@@ -98,6 +116,8 @@ def create_app(
         routes=[
             Route("/", index),
             Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/admin/drain", admin_drain, methods=["POST"]),
             Route("/metrics", metrics),
             Route("/v1/audio/speech", speech_endpoint, methods=["POST"]),
             Route("/v1/voices", upload_voice, methods=["POST"]),
@@ -125,16 +145,80 @@ async def index(request: Request) -> Response:
 async def healthz(request: Request) -> Response:
     s = _state(request)
     e = s.engine
+    status = "ok" if s.ready else ("closing" if s.closing else "starting")
+    if s.ready and s.drain.active:
+        status = "draining"  # alive: a liveness probe must not restart a draining replica
     body = {
-        "status": "ok" if s.ready else ("closing" if s.closing else "starting"),
+        "status": status,
         "active_streams": e.active_streams,
         "queued_streams": e.queued_streams,
         "max_streams": e.config.max_streams,
         "sessions": s.sessions,
         "max_sessions": s.settings.max_sessions,
         "voices": len(s.voices),
+        "draining": s.drain.active,
     }
     return JSONResponse(body, status_code=200 if s.ready else 503)
+
+
+async def readyz(request: Request) -> Response:
+    """200 only while this replica should get the next session: loaded, not draining, and a
+    session slot free. A balancer's health check turns a full or draining replica off."""
+    s = _state(request)
+    free = max(0, s.settings.max_sessions - s.sessions)
+    draining = s.drain.active
+    if not s.ready:
+        status = "closing" if s.closing else "starting"
+    elif draining:
+        status = "draining"
+    else:
+        status = "ready" if free else "full"
+    body = {
+        "status": status,
+        "free_slots": 0 if draining else free,
+        "active_streams": s.engine.active_streams,
+        "queued_streams": s.engine.queued_streams,
+        "sessions": s.sessions,
+        "max_sessions": s.settings.max_sessions,
+        "draining": draining,
+        "voice_store": s.voices.backend,
+        "voice_store_up": s.voices.available,
+    }
+    return JSONResponse(body, status_code=200 if status == "ready" else 503)
+
+
+async def admin_drain(request: Request) -> Response:
+    """Start a drain, as SIGTERM does (the process exits when it is over)."""
+    s = _state(request)
+    denied = check_access(s, request)
+    if denied is not None:
+        return denied
+    if not s.settings.token and not _loopback(request):
+        s.metrics.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
+        return error_response(
+            403,
+            ErrorCode.UNAUTHORIZED,
+            "without a server token, /admin/drain is only allowed from loopback (set --token)",
+            "permission_error",
+        )
+    started = s.drain.start("POST /admin/drain")
+    return JSONResponse(
+        {
+            "draining": True,
+            "started": started,
+            "timeout_s": s.drain.timeout_s,
+            "live_sessions": s.drain.live,
+        },
+        status_code=202,
+    )
+
+
+def _loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def metrics(request: Request) -> Response:
@@ -159,6 +243,8 @@ async def upload_voice(request: Request) -> Response:
     except ReferenceAudioError as exc:
         m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
         return error_response(400, ErrorCode.INVALID_REFERENCE_AUDIO, str(exc))
+    except VoiceStoreUnavailableError as exc:
+        return _store_unavailable(s, exc)
     except StreamTTSError as exc:
         log.exception("voice upload failed")
         m.errors_total.inc(code=ErrorCode.INTERNAL_ERROR)
@@ -180,7 +266,11 @@ async def list_voices(request: Request) -> Response:
     denied = check_access(s, request)
     if denied is not None:
         return denied
-    return JSONResponse({"voices": s.voices.ids(), "capacity": s.voices.capacity})
+    try:
+        ids = await s.voices.ids()
+    except VoiceStoreUnavailableError as exc:
+        return _store_unavailable(s, exc)
+    return JSONResponse({"voices": ids, "capacity": s.voices.capacity, "store": s.voices.backend})
 
 
 async def delete_voice(request: Request) -> Response:
@@ -189,6 +279,17 @@ async def delete_voice(request: Request) -> Response:
     if denied is not None:
         return denied
     vid = request.path_params["voice_id"]
-    if not s.voices.delete(vid):
+    try:
+        deleted = await s.voices.delete(vid)
+    except VoiceStoreUnavailableError as exc:
+        return _store_unavailable(s, exc)
+    if not deleted:
         return error_response(404, ErrorCode.NOT_FOUND, f"no voice {vid!r}")
     return JSONResponse({"deleted": vid})
+
+
+def _store_unavailable(s: ServerState, exc: VoiceStoreUnavailableError) -> Response:
+    s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
+    resp = error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
+    resp.headers["Retry-After"] = "5"
+    return resp

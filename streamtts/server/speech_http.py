@@ -42,8 +42,10 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
+from ..errors import VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
+from .drain import RETRY_AFTER_S, HttpStream
 from .protocol import ErrorCode, error_for_exception, request_limits
 from .state import ServerState
 
@@ -144,6 +146,8 @@ async def speech_endpoint(request: Request) -> Response:
     try:
         req = msgspec.json.decode(body, type=SpeechRequest)
         fmt, wav, sse = _format(req)
+        if req.voice is not None and req.voice not in OPENAI_VOICES:
+            await state.voices.fetch(req.voice)  # into this replica's cache (shared store)
         options, reference = _options(req, state)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:  # ConfigError too
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
@@ -151,6 +155,9 @@ async def speech_endpoint(request: Request) -> Response:
     except LookupError as exc:
         m.errors_total.inc(code=ErrorCode.UNKNOWN_VOICE)
         return error_response(404, ErrorCode.UNKNOWN_VOICE, str(exc.args[0]))
+    except VoiceStoreUnavailableError as exc:
+        m.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
+        return error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
     limits = state.settings.session
     if len(req.input) > limits.max_session_chars:
         m.errors_total.inc(code=ErrorCode.TEXT_TOO_LONG)
@@ -166,6 +173,14 @@ async def speech_endpoint(request: Request) -> Response:
         return error_response(
             400, ErrorCode.INVALID_TEXT, "input has nothing to say (no letters or digits)"
         )
+    if state.drain.active:
+        m.refused_total.inc(kind="http")
+        m.errors_total.inc(code=ErrorCode.SERVER_DRAINING)
+        resp = error_response(
+            503, ErrorCode.SERVER_DRAINING, state.drain.refusal_message(), "server_error"
+        )
+        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return resp
     if not state.try_acquire("http"):
         m.errors_total.inc(code=ErrorCode.OVERLOADED)
         resp = error_response(
@@ -302,11 +317,22 @@ async def _body(
         b64 = base64.b64encode(data).decode("ascii")
         return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64})}\n\n".encode()
 
+    drained = HttpStream()
+    state.drain.add(drained)
     try:
         if wav:
             yield out(wav_header(fmt.sample_rate, fmt.encoding))
         ev: SegmentEvent | None = first
         while ev is not None:
+            if drained.cut_message is not None:  # the server's drain time ran out
+                m.errors_total.inc(code=ErrorCode.SERVER_SHUTDOWN)
+                if sse:
+                    err = {
+                        "type": "error",
+                        "error": {"code": ErrorCode.SERVER_SHUTDOWN, "message": drained.cut_message},
+                    }
+                    yield f"data: {json.dumps(err)}\n\n".encode()
+                return
             if isinstance(ev, SegmentAudio):
                 frames += ev.frames
                 data = enc.encode(ev.pcm)
@@ -337,6 +363,7 @@ async def _body(
             }
             yield f"data: {json.dumps(done)}\n\n".encode()
     finally:
+        state.drain.discard(drained)
         with contextlib.suppress(Exception):
             await events.aclose()
         release()
