@@ -98,13 +98,19 @@ cleanup_on_error() {
     exit "$rc"
 }
 
-# wait_http URL SECONDS: until GET URL answers 200
+# wait_http URL SECONDS PID: until GET URL answers 200 (fails at once if PID exits)
 wait_http() {
-    "$PY" - "$1" "$2" <<'PYEOF'
+    "$PY" - "$1" "$2" "$3" <<'PYEOF'
 import sys, time, urllib.request
-url, limit = sys.argv[1], float(sys.argv[2])
+url, limit, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 deadline = time.monotonic() + limit
 while True:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            if "\nState:\tZ" in f.read():
+                raise OSError
+    except OSError:
+        sys.exit(f"pid {pid} exited before {url} answered")
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             if r.status == 200:
@@ -232,7 +238,7 @@ CONF
         ports+=("$(wait_port "${logs[$i]}" "${pids[$i]}" 300)")
     done
     for ((i = 0; i < n; i++)); do
-        wait_http "http://127.0.0.1:${ports[$i]}/readyz" 300 \
+        wait_http "http://127.0.0.1:${ports[$i]}/readyz" 300 "${pids[$i]}" \
             || { tail -n 30 "${logs[$i]}" >&2; die "replica ${pids[$i]} not ready"; }
         note "replica $((i + 1)) http://127.0.0.1:${ports[$i]} (pid ${pids[$i]})"
     done
