@@ -43,8 +43,13 @@ log = logging.getLogger(__name__)
 __all__ = ["Drain", "Drainable", "DrainingServer", "HttpStream", "refuse_websocket"]
 
 POLL_S = 0.1  # how often quiet sessions are looked for
-CLOSE_GRACE_S = 0.5  # after the cut: time for the error and close frames to go out
-EXIT_GRACE_S = 1  # uvicorn's own graceful-shutdown wait, once the drain has run
+# After the cut: time for the error and close frames to go out. They queue behind audio already
+# buffered for the client (the transport's 64 KB and the kernel's socket buffers); a client
+# that reads that slowly may see the connection end without them.
+CLOSE_GRACE_S = 0.75
+# uvicorn's own graceful-shutdown wait once the drain has run: none. Every session has ended
+# or been cut and given CLOSE_GRACE_S; what is left is cancelled at once.
+EXIT_GRACE_S = 0
 RETRY_AFTER_S = 1  # Retry-After of a refusal: a retry through the balancer lands elsewhere
 
 
