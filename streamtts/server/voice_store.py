@@ -153,6 +153,11 @@ def open_shared_voices(
     """The shared store ``settings.url`` names; None for ``memory``. Connects lazily."""
     if settings.url == "memory":
         return None
-    from .voice_redis import RedisVoices
+    try:
+        from .voice_redis import RedisVoices
+    except ImportError as exc:
+        raise ConfigError(
+            f"voice_store {redact_url(settings.url)!r} needs redis-py: pip install 'streamtts[redis]'"
+        ) from exc
 
     return RedisVoices(settings, on_state=on_state)
