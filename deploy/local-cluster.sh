@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # A streamtts cluster on this machine: N replicas, Redis for the shared voices, HAProxy in front.
 #
-#   deploy/local-cluster.sh up [N] [--config CFG.yaml] [-- SERVE_ARGS...]   start (N default 2)
+#   deploy/local-cluster.sh up [N] [--config CFG.yaml] [--bind HOST:PORT] [-- SERVE_ARGS...]
+#                                                                           start (N default 2)
 #   deploy/local-cluster.sh status                                          the same JSON line
 #   deploy/local-cluster.sh down                                            stop what `up` started
 #
-# Everything listens on 127.0.0.1 (free ports). Without --config the replicas serve the
+# Everything listens on 127.0.0.1 (free ports); --bind puts HAProxy on another address (e.g.
+# 0.0.0.0:8080 to serve other machines; the replicas stay on loopback). Without --config the replicas serve the
 # synthetic demo model. SERVE_ARGS go to every `streamtts serve` (e.g. --max-sessions 4
 # --drain-timeout 10). redis-server and haproxy come from the distribution's packages and are
 # installed (apt-get, as root or with sudo) when missing.
@@ -20,7 +22,9 @@
 # to any still there after STREAMTTS_DOWN_TIMEOUT seconds (default 45).
 #
 # Environment: STREAMTTS_PYTHON (the interpreter with streamtts; default .venv/bin/python, then
-# python3), STREAMTTS_LB_CHECK_INTER (HAProxy health-check interval, default 1s).
+# python3), STREAMTTS_LB_CHECK_INTER (HAProxy health-check interval, default 1s),
+# STREAMTTS_CLUSTER_GPUS (e.g. 0,1,2,3: replica i gets CUDA_VISIBLE_DEVICES=the i-th entry, so
+# one replica per GPU; with a CUDA build and n_gpu_layers: -1 in the config).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -175,11 +179,12 @@ print_status() {
 }
 
 cmd_up() {
-    local n=2 config="" serve_args=()
+    local n=2 config="" bind="" serve_args=()
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --config) config="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
             --run-dir) RUN="$2"; shift 2 ;;
+            --bind) bind="$2"; shift 2 ;;
             --) shift; serve_args=("$@"); break ;;
             -h|--help) usage ;;
             [0-9]*) n=$1; shift ;;
@@ -226,10 +231,13 @@ CONF
     local pids=() logs=() ports=() i
     local cfg_args=()
     [[ -n "$config" ]] && cfg_args=(--config "$config")
+    local gpus=()
+    [[ -n "${STREAMTTS_CLUSTER_GPUS:-}" ]] && IFS=, read -r -a gpus <<<"$STREAMTTS_CLUSTER_GPUS"
     for ((i = 1; i <= n; i++)); do
-        local pid
-        pid=$(start_bg "replica-$i" "$PY" -m streamtts.cli serve --host 127.0.0.1 --port 0 \
-            --voice-store "$redis_url" "${cfg_args[@]}" "${serve_args[@]}")
+        local pid dev=()
+        (( ${#gpus[@]} )) && dev=(env "CUDA_VISIBLE_DEVICES=${gpus[$(( (i - 1) % ${#gpus[@]} ))]}")
+        pid=$(start_bg "replica-$i" "${dev[@]}" "$PY" -m streamtts.cli serve --host 127.0.0.1 \
+            --port 0 --voice-store "$redis_url" "${cfg_args[@]}" "${serve_args[@]}")
         pids+=("$pid"); logs+=("$RUN/replica-$i.log")
         STARTED+=("$pid")
         echo "replica $pid" >>"$RUN/pids"
@@ -244,28 +252,28 @@ CONF
     done
 
     # -- HAProxy ---------------------------------------------------------------------------------
-    local lb_port
-    lb_port=$(free_port)
+    local lb_port lb_host=127.0.0.1
+    if [[ -n "$bind" ]]; then lb_host="${bind%:*}"; lb_port="${bind##*:}"; else lb_port=$(free_port); fi
     cp "$HERE/haproxy.cfg" "$RUN/haproxy.cfg"
     for ((i = 0; i < n; i++)); do
         echo "    server r$((i + 1)) 127.0.0.1:${ports[$i]}" >>"$RUN/haproxy.cfg"
     done
-    export STREAMTTS_LB_BIND="127.0.0.1:$lb_port" STREAMTTS_LB_RUN="$RUN" STREAMTTS_LB_CHECK_INTER="$CHECK_INTER"
+    export STREAMTTS_LB_BIND="$lb_host:$lb_port" STREAMTTS_LB_RUN="$RUN" STREAMTTS_LB_CHECK_INTER="$CHECK_INTER"
     haproxy -c -q -f "$RUN/haproxy.cfg" >&2 || die "haproxy rejected $RUN/haproxy.cfg"
     local lb_pid
     lb_pid=$(start_bg haproxy haproxy -db -f "$RUN/haproxy.cfg")
     STARTED+=("$lb_pid")
     echo "haproxy $lb_pid" >>"$RUN/pids"
     wait_haproxy "$RUN/haproxy.sock" "$n" 30 || die "haproxy did not see the replicas (log $RUN/haproxy.log)"
-    note "haproxy http://127.0.0.1:$lb_port (pid $lb_pid), leastconn over $n replicas"
+    note "haproxy http://$lb_host:$lb_port (pid $lb_pid), leastconn over $n replicas"
 
     local reps="" sep=""
     for ((i = 0; i < n; i++)); do
         reps+="$sep{\"url\": \"http://127.0.0.1:${ports[$i]}\", \"pid\": ${pids[$i]}}"
         sep=", "
     done
-    printf '{"balancer": "http://127.0.0.1:%s", "replicas": [%s], "redis": "%s"}\n' \
-        "$lb_port" "$reps" "$redis_url" >"$RUN/cluster.json"
+    printf '{"balancer": "http://%s:%s", "replicas": [%s], "redis": "%s"}\n' \
+        "$lb_host" "$lb_port" "$reps" "$redis_url" >"$RUN/cluster.json"
     trap - ERR
     cat "$RUN/cluster.json"
 }

@@ -126,11 +126,13 @@ def get(url: str, data: bytes | None = None, timeout: float = 30) -> tuple[int, 
         return exc.code, exc.read()
 
 
-def start_cluster(run: Path, config: Path, *extra: str, check_inter: str = "1s") -> Cluster:
+def start_cluster(run: Path, config: Path, *extra: str, check_inter: str = "1s", gpus: str = "") -> Cluster:
     need_binary("haproxy")
     need_binary("redis-server")
     env = dict(os.environ)
     env.update(STREAMTTS_CLUSTER_DIR=str(run), STREAMTTS_PYTHON=sys.executable, STREAMTTS_LB_CHECK_INTER=check_inter)
+    if gpus:
+        env["STREAMTTS_CLUSTER_GPUS"] = gpus
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     cmd = ["bash", str(SCRIPT), "up", "2", "--config", str(config), "--", *BASE_ARGS, *extra]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
@@ -161,7 +163,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("cluster"), demo_model_dir / "config.yaml")
+    # GPU ids are only handed out here (CUDA_VISIBLE_DEVICES; the CPU build ignores them)
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), demo_model_dir / "config.yaml", gpus="3,5")
     yield c
     stop_cluster(c)
 
@@ -298,6 +301,16 @@ def test_a_voice_uploaded_through_the_balancer_works_on_every_replica(cluster: C
     # HTTP speech names the voice too, through the balancer
     req = json.dumps({"input": text, "voice": vid, "response_format": "pcm", "max_new_tokens": MAX_NEW}).encode()
     assert get(cluster.balancer + "/v1/audio/speech", data=req)[0] == 200
+
+
+def test_up_and_status_print_one_json_line_and_give_each_replica_its_gpu(cluster: Cluster) -> None:
+    st = cluster.script("status")
+    assert st.returncode == 0 and json.loads(st.stdout.strip().splitlines()[-1]) == cluster.info
+    assert cluster.balancer.startswith("http://127.0.0.1:") and cluster.info["redis"].startswith("redis://127.0.0.1:")
+    for replica, gpu in zip(cluster.replicas, ("3", "5"), strict=True):
+        environ = Path(f"/proc/{replica['pid']}/environ").read_bytes().split(b"\0")
+        assert f"CUDA_VISIBLE_DEVICES={gpu}".encode() in environ
+        assert get(replica["url"] + "/readyz")[0] == 200
 
 
 def test_admin_endpoints_are_not_reachable_through_the_balancer(cluster: Cluster) -> None:
