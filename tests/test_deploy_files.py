@@ -158,3 +158,45 @@ def test_local_cluster_script_parses_and_prints_usage() -> None:
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     p = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert p.returncode == 2 and "up [N]" in p.stderr
+
+
+# -- docs/deploy.md -----------------------------------------------------------------------------
+
+SKIP = re.compile(r"<!--\s*doc-test:\s*skip\b")
+
+
+def bash_blocks(path: Path) -> list[tuple[str, bool]]:
+    """(code, skipped) of every ```bash block; skipped when the line before the fence is a
+    `<!-- doc-test: skip ... -->` comment saying what it needs."""
+    lines = path.read_text().splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("```bash"):
+            j = lines.index("```", i + 1)
+            prev = next((ln for ln in reversed(lines[:i]) if ln.strip()), "")
+            out.append(("\n".join(lines[i + 1 : j]), bool(SKIP.search(prev))))
+            i = j
+        i += 1
+    return out
+
+
+def test_deploy_doc_commands_run_as_written(tmp_path: Path) -> None:
+    """Every bash block of docs/deploy.md not marked as needing something runs as written, from
+    the repository root of a checkout set up by scripts/setup.sh (`.venv/bin/` is the
+    interpreter running the tests; the cluster's run folder is a temporary one)."""
+    need_binary("haproxy")
+    need_binary("redis-server")
+    blocks = bash_blocks(REPO / "docs" / "deploy.md")
+    runnable = [code for code, skipped in blocks if not skipped]
+    assert len(runnable) == 2 and len(blocks) == 6
+    venv_bin = str(Path(sys.executable).parent) + "/"
+    env = dict(os.environ, STREAMTTS_CLUSTER_DIR=str(tmp_path / "run"), STREAMTTS_PYTHON=sys.executable)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    try:
+        for code in runnable:
+            script = "set -euo pipefail\n" + code.replace(".venv/bin/", venv_bin)
+            p = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, f"{code}\n---\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    finally:
+        subprocess.run(["bash", str(DEPLOY / "local-cluster.sh"), "down"], env=env, capture_output=True)
