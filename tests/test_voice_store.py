@@ -23,10 +23,9 @@ from streamtts.server.voice_store import (
     VoiceStoreSettings,
     decode_voice,
     encode_voice,
-    open_shared_voices,
     redact_url,
 )
-from streamtts.server.voices import LocalVoices, VoiceStore, voice_id_for
+from streamtts.server.voices import LocalVoices, VoiceStore, open_shared_voices, voice_id_for
 
 T = TypeVar("T")
 

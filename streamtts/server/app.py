@@ -46,8 +46,8 @@ from .metrics import CONTENT_TYPE
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
 from .state import ServerSettings, ServerState
-from .voice_store import open_shared_voices, redact_url
-from .voices import VoiceStore
+from .voice_store import redact_url
+from .voices import VoiceStore, open_shared_voices
 from .ws import websocket_endpoint
 
 log = logging.getLogger(__name__)

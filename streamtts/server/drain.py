@@ -36,7 +36,7 @@ from .protocol import CloseCode, Error, ErrorCode, encode
 if TYPE_CHECKING:
     from starlette.websockets import WebSocket
 
-    from .state import ServerState
+    from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ class HttpStream:
 class Drain:
     """The drain of one server. ``on_finished`` runs once every session has ended or been cut."""
 
-    def __init__(self, state: ServerState, timeout_s: float) -> None:
-        self.state = state
+    def __init__(self, metrics: ServerMetrics, timeout_s: float) -> None:
+        self.metrics = metrics
         self.timeout_s = timeout_s
         self.active = False
         self.reason = ""
@@ -136,7 +136,7 @@ class Drain:
             return False
         self.active = True
         self.reason = reason
-        self.state.metrics.draining.set(1)
+        self.metrics.draining.set(1)
         log.warning(
             "draining (%s): %d live session(s), up to %g s before the rest are cut",
             reason,
@@ -148,7 +148,7 @@ class Drain:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        m = self.state.metrics
+        m = self.metrics
         deadline = loop.time() + self.timeout_s
         while self._live and loop.time() < deadline:
             for item in list(self._live):
@@ -176,13 +176,13 @@ class Drain:
         self.on_finished()
 
 
-async def refuse_websocket(ws: WebSocket, state: ServerState) -> None:
+async def refuse_websocket(ws: WebSocket, drain: Drain) -> None:
     """A new WebSocket while draining: accept, then ``server_draining`` and close 1013 (browsers
     cannot see a refused handshake's status, only the close code and the message)."""
-    state.metrics.refused_total.inc(kind="ws")
-    state.metrics.errors_total.inc(code=ErrorCode.SERVER_DRAINING)
+    drain.metrics.refused_total.inc(kind="ws")
+    drain.metrics.errors_total.inc(code=ErrorCode.SERVER_DRAINING)
     await ws.accept()
-    msg = Error(code=ErrorCode.SERVER_DRAINING, message=state.drain.refusal_message(), fatal=True)
+    msg = Error(code=ErrorCode.SERVER_DRAINING, message=drain.refusal_message(), fatal=True)
     with contextlib.suppress(Exception):
         await ws.send_text(encode(msg))
         await ws.close(CloseCode.TRY_AGAIN_LATER, "draining")

@@ -70,7 +70,7 @@ class ServerState:
             lambda: engine.prefix_cache_info() if hasattr(engine, "prefix_cache_info") else {},
             lambda: 1.0 if voices.available else 0.0,
         )
-        self.drain = Drain(self, settings.drain_timeout_s)
+        self.drain = Drain(self.metrics, settings.drain_timeout_s)
         self.sessions = 0
         self.ready = False  # engine loaded and warmed up
         self.closing = False

@@ -38,14 +38,11 @@ T = TypeVar("T")
 class RedisVoices:
     kind = "redis"
 
-    def __init__(
-        self, settings: VoiceStoreSettings, on_state: Callable[[bool], None] | None = None
-    ) -> None:
+    def __init__(self, settings: VoiceStoreSettings) -> None:
         self.settings = settings
         self.url = redact_url(settings.url)
         self.ttl = max(1, int(round(settings.ttl_s)))
         self._prefix = settings.key_prefix
-        self._on_state = on_state
         self.up = True  # optimistic until a command fails
         self.errors = 0
         self._r: Redis = Redis.from_url(
@@ -83,8 +80,6 @@ class RedisVoices:
             log.warning("voice store %s is reachable again", self.url)
         else:
             log.warning("voice store %s is unreachable: %s", self.url, exc)
-        if self._on_state is not None:
-            self._on_state(up)
 
     async def load(self, voice_id: str) -> Voice | None:
         data = await self._call("load", lambda: self._r.getex(self._vkey(voice_id), ex=self.ttl))

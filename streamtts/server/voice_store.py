@@ -4,7 +4,8 @@ Backends (``ServerSettings.voice_store``):
 
 * ``memory``: no shared store; voices live in each process's LRU (``voices.LocalVoices``).
 * ``redis://[:password@]host:port/db`` (or ``rediss://``, ``unix://``): Redis through
-  redis-py's asyncio client (``voice_redis.RedisVoices``).
+  redis-py's asyncio client (``voice_redis.RedisVoices``); ``voices.open_shared_voices``
+  opens one from the URL.
 
 A stored value is one msgpack map (:class:`StoredVoice`): the codes as little-endian
 uint16 (a code is 0..1024), their shape, the voice's name and when it was stored.
@@ -15,7 +16,6 @@ when the store cannot be reached.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,7 +31,6 @@ __all__ = [
     "VoiceStoreSettings",
     "decode_voice",
     "encode_voice",
-    "open_shared_voices",
     "redact_url",
     "stored_size",
 ]
@@ -145,19 +144,3 @@ def redact_url(url: str) -> str:
         host += f":{parts.port}"
     user = f"{parts.username}:***@" if parts.username else ":***@"
     return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
-
-
-def open_shared_voices(
-    settings: VoiceStoreSettings, on_state: Callable[[bool], None] | None = None
-) -> SharedVoices | None:
-    """The shared store ``settings.url`` names; None for ``memory``. Connects lazily."""
-    if settings.url == "memory":
-        return None
-    try:
-        from .voice_redis import RedisVoices
-    except ImportError as exc:
-        raise ConfigError(
-            f"voice_store {redact_url(settings.url)!r} needs redis-py: pip install 'streamtts[redis]'"
-        ) from exc
-
-    return RedisVoices(settings, on_state=on_state)

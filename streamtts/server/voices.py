@@ -38,13 +38,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ReferenceAudioError, VoiceStoreUnavailableError
+from ..errors import ConfigError, ReferenceAudioError, VoiceStoreUnavailableError
 from ..request import Voice
-from .voice_store import SharedVoices, stored_size
+from .voice_store import SharedVoices, VoiceStoreSettings, redact_url, stored_size
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LocalVoices", "VoiceInfo", "VoiceStore", "clip_digest", "voice_id_for"]
+__all__ = [
+    "LocalVoices",
+    "VoiceInfo",
+    "VoiceStore",
+    "clip_digest",
+    "open_shared_voices",
+    "voice_id_for",
+]
 
 Encode = Callable[[bytes], Awaitable[Voice]]
 
@@ -301,3 +308,16 @@ def _info(vid: str, v: Voice, cached: bool) -> VoiceInfo:
         name=v.name,
         cached=cached,
     )
+
+
+def open_shared_voices(settings: VoiceStoreSettings) -> SharedVoices | None:
+    """The shared store ``settings.url`` names; None for ``memory``. Connects lazily."""
+    if settings.url == "memory":
+        return None
+    try:
+        from .voice_redis import RedisVoices
+    except ImportError as exc:
+        raise ConfigError(
+            f"voice_store {redact_url(settings.url)!r} needs redis-py: pip install 'streamtts[redis]'"
+        ) from exc
+    return RedisVoices(settings)

@@ -383,7 +383,7 @@ async def websocket_endpoint(ws: WebSocket) -> None:
         await _deny(ws, 401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token")
         return
     if state.drain.active:
-        await refuse_websocket(ws, state)
+        await refuse_websocket(ws, state.drain)
         return
     if not state.try_acquire("ws"):
         # Accept, then refuse: browsers cannot see a handshake's HTTP status, but they see
