@@ -250,15 +250,18 @@ class VoiceStore:
                 )
             if self.shared is not None:
                 await self.shared.save(vid, voice, clip)
-        except asyncio.CancelledError:
-            fut.cancel()
-            raise
-        except Exception as exc:
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved: nobody else may be waiting
-            raise
-        finally:
+        except BaseException as exc:
             self._inflight.pop(clip, None)
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved: nobody else may be waiting
+            # The traceback holds this frame: without this, exception -> frame -> future ->
+            # exception is a cycle that keeps the upload's bytes (16 MiB) alive until the GC.
+            del fut
+            raise
+        self._inflight.pop(clip, None)
         fut.set_result((vid, voice))
         self.encoded += 1
         self.local.put(vid, voice, clip)
