@@ -161,7 +161,7 @@ LONG = " ".join(f"This is sentence number {i}, spoken as its own segment." for i
 @pytest.fixture(scope="module")
 def server(serve: Any) -> Any:
     return serve(
-        "--n-threads", "1", "--max-streams", "4", "--max-sessions", "4", "--token", TOKEN,
+        "--n-threads", "1", "--max-streams", "6", "--max-sessions", "4", "--token", TOKEN,
         "--segment-max-new-tokens", "44", "--send-buffer", "1", "--send-stall", "30",
         "--drain-timeout", "2",
         # small kernel buffers: generation waits for the listener, so streams are still running
@@ -178,8 +178,9 @@ def small_buffer_socket(port: int, rcvbuf: int) -> socket.socket:
     return s
 
 
-def sse_at_real_time(port: int, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """POST an SSE speech request on a raw socket read at about 4x real time; its events."""
+def speech_at_real_time(port: int, body: dict[str, Any]) -> tuple[bytes, bool]:
+    """POST a speech request on a raw socket read at about 4x real time: (the body, whether
+    its chunked encoding was complete)."""
     data = json.dumps(body).encode()
     s = small_buffer_socket(port, 8192)
     s.sendall(
@@ -198,9 +199,9 @@ def sse_at_real_time(port: int, body: dict[str, Any]) -> list[dict[str, Any]]:
         size, _, rest = rest.partition(b"\r\n")
         n = int(size, 16)
         if n == 0:
-            break
+            return text, True
         text, rest = text + rest[:n], rest[n + 2 :]
-    return [json.loads(line[6:]) for line in text.decode().splitlines() if line.startswith("data: ")]
+    return text, False
 
 
 def test_admin_drain_cuts_what_is_still_running_at_the_timeout_and_exits_0(server: Any) -> None:
@@ -229,15 +230,17 @@ def test_admin_drain_cuts_what_is_still_running_at_the_timeout_and_exits_0(serve
                 pass
             out["close"] = ws.close_code
 
-    async def run() -> tuple[dict[str, Any], list[dict[str, Any]], list[int], float, str]:
+    async def run() -> tuple[dict[str, Any], Any, Any, list[int], float, str]:
         ws_out: dict[str, Any] = {}
-        body = {"input": LONG, "stream_format": "sse", "response_format": "pcm", "seed": 1}
+        sse = {"input": LONG, "stream_format": "sse", "response_format": "pcm", "seed": 1}
+        raw = {"input": LONG, "response_format": "pcm", "seed": 1}
         tasks = [
             asyncio.create_task(ws_session(ws_out)),
-            asyncio.create_task(asyncio.to_thread(sse_at_real_time, server.port, body)),
+            asyncio.create_task(asyncio.to_thread(speech_at_real_time, server.port, sse)),
+            asyncio.create_task(asyncio.to_thread(speech_at_real_time, server.port, raw)),
         ]
         async with httpx.AsyncClient(timeout=10) as client:
-            while (await client.get(server.http + "/healthz")).json()["sessions"] < 2:
+            while (await client.get(server.http + "/healthz")).json()["sessions"] < 3:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
             codes = [(await client.post(server.http + "/admin/drain")).status_code]  # no token
@@ -248,19 +251,22 @@ def test_admin_drain_cuts_what_is_still_running_at_the_timeout_and_exits_0(serve
             metrics = (await client.get(server.http + "/metrics")).text
             codes.append((await client.get(server.http + "/readyz")).status_code)
             codes.append((await client.get(server.http + "/healthz")).status_code)
-        _, events = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        _, sse_out, raw_out = await asyncio.wait_for(asyncio.gather(*tasks), 30)
         while server.proc.poll() is None:
             await asyncio.sleep(0.05)
-        return ws_out, events, codes, time.monotonic() - t0, metrics
+        return ws_out, sse_out, raw_out, codes, time.monotonic() - t0, metrics
 
-    ws_out, events, codes, exit_after, metrics = asyncio.run(run())
+    ws_out, (sse_body, sse_complete), (raw_body, raw_complete), codes, exit_after, metrics = asyncio.run(run())
+    events = [json.loads(ln[6:]) for ln in sse_body.decode().splitlines() if ln.startswith("data: ")]
     assert codes == [401, 202, 503, 200]  # token needed; draining: not ready, still alive
     assert "streamtts_draining 1" in metrics
     assert ws_out["audio"] > 0 and ws_out["close"] == 1001
     assert [e["code"] for e in ws_out["errors"]] == ["server_shutdown"]
     kinds = [e["type"] for e in events]
     assert "speech.audio.delta" in kinds and kinds[-1] == "error" and "speech.audio.done" not in kinds
-    assert events[-1]["error"]["code"] == "server_shutdown"
+    assert events[-1]["error"]["code"] == "server_shutdown" and sse_complete
+    # raw audio has no room for a message: the body is left incomplete (no final chunk)
+    assert len(raw_body) > 0 and not raw_complete
     assert server.proc.returncode == 0 and exit_after <= 2 + 2
     log = " ".join(server.log_path.read_text().split())  # the log handler wraps lines
-    assert "0 quiet session(s) closed, 2 stream(s) cut at the 2 s timeout" in log
+    assert "0 quiet session(s) closed, 3 stream(s) cut at the 2 s timeout" in log

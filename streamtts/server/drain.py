@@ -77,6 +77,7 @@ class HttpStream:
 
     def __init__(self) -> None:
         self.cut_message: str | None = None
+        self.was_cut = asyncio.Event()
 
     def leave(self) -> None:  # pragma: no cover - never quiet
         pass
@@ -86,6 +87,7 @@ class HttpStream:
             f"the server is shutting down: its drain time ({timeout_s:g} s) ran out and this "
             "stream was cut"
         )
+        self.was_cut.set()
 
 
 class Drain:

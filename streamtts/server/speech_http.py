@@ -227,7 +227,8 @@ async def speech_endpoint(request: Request) -> Response:
             str(first.error),
             "server_error" if code not in _STATUS else "invalid_request_error",
         )
-    body_iter = _body(state, events, first, fmt, wav, sse, release)
+    drained = HttpStream()  # what the drain sees of this stream (drain.py)
+    body_iter = _body(state, events, first, fmt, wav, sse, release, drained)
     media = (
         "text/event-stream"
         if sse
@@ -243,7 +244,12 @@ async def speech_endpoint(request: Request) -> Response:
         "X-Audio-Format": fmt.name,
     }
     return _StreamingSpeech(
-        body_iter, state.settings.send_stall_s, state, media_type=media, headers=headers
+        body_iter,
+        state.settings.send_stall_s,
+        state,
+        drained=None if sse else drained,
+        media_type=media,
+        headers=headers,
     )
 
 
@@ -304,6 +310,7 @@ async def _body(
     wav: bool,
     sse: bool,
     release: Any,
+    drained: HttpStream,
 ) -> AsyncIterator[bytes]:
     m = state.metrics
     enc = StreamEncoder(fmt)
@@ -317,22 +324,12 @@ async def _body(
         b64 = base64.b64encode(data).decode("ascii")
         return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64})}\n\n".encode()
 
-    drained = HttpStream()
     state.drain.add(drained)
     try:
         if wav:
             yield out(wav_header(fmt.sample_rate, fmt.encoding))
         ev: SegmentEvent | None = first
         while ev is not None:
-            if drained.cut_message is not None:  # the server's drain time ran out
-                m.errors_total.inc(code=ErrorCode.SERVER_SHUTDOWN)
-                if sse:
-                    err = {
-                        "type": "error",
-                        "error": {"code": ErrorCode.SERVER_SHUTDOWN, "message": drained.cut_message},
-                    }
-                    yield f"data: {json.dumps(err)}\n\n".encode()
-                return
             if isinstance(ev, SegmentAudio):
                 frames += ev.frames
                 data = enc.encode(ev.pcm)
@@ -350,7 +347,16 @@ async def _body(
                         err = {"type": "error", "error": {"code": code, "message": str(ev.error)}}
                         yield f"data: {json.dumps(err)}\n\n".encode()
                     return
-            ev = await anext(events, None)
+            ev = await _next_unless_cut(events, drained)
+        if drained.cut_message is not None:  # the server's drain time ran out
+            m.errors_total.inc(code=ErrorCode.SERVER_SHUTDOWN)
+            if sse:
+                err = {
+                    "type": "error",
+                    "error": {"code": ErrorCode.SERVER_SHUTDOWN, "message": drained.cut_message},
+                }
+                yield f"data: {json.dumps(err)}\n\n".encode()
+            return
         tail = enc.flush()
         if tail:
             yield out(tail)
@@ -369,17 +375,44 @@ async def _body(
         release()
 
 
+async def _next_unless_cut(
+    events: AsyncGenerator[SegmentEvent, None], drained: HttpStream
+) -> SegmentEvent | None:
+    """The next event; None at once when the drain cuts the stream (not at the next event,
+    which may be far off)."""
+    if drained.cut_message is not None:
+        return None
+    nxt = asyncio.ensure_future(anext(events, None))
+    cut = asyncio.ensure_future(drained.was_cut.wait())
+    try:
+        done, _ = await asyncio.wait({nxt, cut}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        cut.cancel()
+        if not nxt.done():
+            nxt.cancel()  # the generator aborts its streams; _body closes it
+            await asyncio.gather(nxt, return_exceptions=True)
+    return nxt.result() if nxt in done else None
+
+
 class _StreamingSpeech(StreamingResponse):
     """A StreamingResponse that closes its body generator at once when the client leaves
     (so the engine slot is freed now, not at garbage collection) and gives up on a client
-    that does not read for ``stall_s``."""
+    that does not read for ``stall_s``. A raw audio body cut by a drain (``drained``) is left
+    incomplete (no final chunk), so the client sees it was cut, not a finished utterance; SSE
+    says so with an ``error`` event instead."""
 
     def __init__(
-        self, content: AsyncIterator[bytes], stall_s: float, state: ServerState, **kw: Any
+        self,
+        content: AsyncIterator[bytes],
+        stall_s: float,
+        state: ServerState,
+        drained: HttpStream | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(content, **kw)
         self.stall_s = stall_s
         self.state = state
+        self.drained = drained
 
     async def stream_response(self, send: Send) -> None:
         await send(
@@ -397,6 +430,8 @@ class _StreamingSpeech(StreamingResponse):
                     self.state.metrics.slow_clients_total.inc()
                     log.warning("speech: client read nothing for %g s; dropping it", self.stall_s)
                     return  # uvicorn closes a response left incomplete
+            if self.drained is not None and self.drained.cut_message is not None:
+                return  # cut by the drain: incomplete as well
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             aclose = getattr(body, "aclose", None)
