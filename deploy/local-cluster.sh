@@ -3,7 +3,7 @@
 #
 #   deploy/local-cluster.sh up [N] [--config CFG.yaml] [--bind HOST:PORT] [-- SERVE_ARGS...]
 #                                                                           start (N default 2)
-#   deploy/local-cluster.sh status                                          the same JSON line
+#   deploy/local-cluster.sh status        the same JSON line (exit 1 naming any process gone)
 #   deploy/local-cluster.sh down                                            stop what `up` started
 #
 # Everything listens on 127.0.0.1 (free ports); --bind puts HAProxy on another address (e.g.

@@ -12,8 +12,8 @@ Started by SIGTERM (what ``docker stop`` and Kubernetes send) or ``POST /admin/d
    reconnects, through the balancer, to another replica, and nothing it asked for is lost.
    Checked every ``POLL_S``, so a session is closed as soon as its reply is delivered.
 3. At ``drain_timeout_s`` whatever is still running is cut: ``error`` ``server_shutdown``
-   (fatal) and close 1001 on a WebSocket, an ``error`` event (SSE) or the end of the
-   body on HTTP. Counted in ``streamtts_drain_streams_cut_total``.
+   (fatal) and close 1001 on a WebSocket, an ``error`` event (SSE) or an incomplete body
+   (raw audio) on HTTP. Counted in ``streamtts_drain_streams_cut_total``.
 4. The process exits 0 (``DrainingServer``): uvicorn closes the listener, the engine stops.
 
 ``streamtts_draining`` is 1 from step 1 on.
