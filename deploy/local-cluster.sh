@@ -2,9 +2,9 @@
 # A streamtts cluster on this machine: N replicas, Redis for the shared voices, HAProxy in front.
 #
 #   deploy/local-cluster.sh up [N] [--config CFG.yaml] [--bind HOST:PORT] [-- SERVE_ARGS...]
-#                                                                           start (N default 2)
-#   deploy/local-cluster.sh status        the same JSON line (exit 1 naming any process gone)
-#   deploy/local-cluster.sh down                                            stop what `up` started
+#       start Redis, N replicas (default 2) and HAProxy
+#   deploy/local-cluster.sh status      print the same JSON line (exit 1 naming any process gone)
+#   deploy/local-cluster.sh down        stop exactly what `up` started
 #
 # Everything listens on 127.0.0.1 (free ports); --bind puts HAProxy on another address (e.g.
 # 0.0.0.0:8080 to serve other machines; the replicas stay on loopback). Without --config the replicas serve the
@@ -37,7 +37,7 @@ die() { echo "local-cluster.sh: $*" >&2; exit 1; }
 note() { echo "==> $*" >&2; }
 
 usage() {
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
