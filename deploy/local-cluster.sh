@@ -99,6 +99,7 @@ cleanup_on_error() {
     sleep 1
     for pid in "${STARTED[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
     rm -f "$RUN/pids" "$RUN/cluster.json"
+    trap - EXIT
     exit "$rc"
 }
 
@@ -204,7 +205,8 @@ cmd_up() {
     "$PY" -c "import streamtts" 2>/dev/null || die "$PY cannot import streamtts (set STREAMTTS_PYTHON)"
     rm -f "$RUN"/*.log "$RUN"/*.pid "$RUN"/*.exit "$RUN/pids" "$RUN/cluster.json"
     rm -rf "$RUN/appendonlydir"
-    trap cleanup_on_error ERR
+    # Any failure from here on (an error, or die) stops what was started: nothing is left behind.
+    trap cleanup_on_error EXIT
 
     # -- Redis: the shared voice store (append-only file, so a restart keeps the voices) --------
     local redis_port
@@ -274,7 +276,7 @@ CONF
     done
     printf '{"balancer": "http://%s:%s", "replicas": [%s], "redis": "%s"}\n' \
         "$lb_host" "$lb_port" "$reps" "$redis_url" >"$RUN/cluster.json"
-    trap - ERR
+    trap - EXIT
     cat "$RUN/cluster.json"
 }
 

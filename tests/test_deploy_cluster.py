@@ -471,3 +471,22 @@ def test_kill_9_closes_its_clients_and_the_balancer_moves_on(fresh_cluster: Any)
     assert all(finished(r) for r in later), [r.errors for r in later]
     assert (c.run / "replica-1.exit").read_text().strip() == "137"
     stop_cluster(c)
+
+
+def test_an_up_that_fails_leaves_nothing_running(tmp_path: Path) -> None:
+    need_binary("haproxy")
+    need_binary("redis-server")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("backbone_gguf: [\n")  # not YAML: every replica exits while starting
+    run = tmp_path / "run"
+    env = dict(os.environ, STREAMTTS_CLUSTER_DIR=str(run), STREAMTTS_PYTHON=sys.executable)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    p = subprocess.run(
+        ["bash", str(SCRIPT), "up", "2", "--config", str(bad)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode != 0 and "exited while starting" in p.stderr, p.stderr
+    pids = [int(f.read_text()) for f in run.glob("*.pid")]
+    assert len(pids) >= 2  # Redis and at least one replica were started ...
+    time.sleep(1.5)  # (cleanup sends SIGTERM, then SIGKILL after 1 s)
+    assert not [pid for pid in pids if _alive(pid)]  # ... and all are gone
+    assert not (run / "pids").exists() and not (run / "cluster.json").exists()
