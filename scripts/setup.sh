@@ -3,8 +3,9 @@
 # environment in .venv with the package, and the llama.cpp bridge (cached outside
 # the repo, so a second run takes seconds).
 #
-#   bash scripts/setup.sh          # runtime (+ model writing, playback, download, examples)
-#   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium)
+#   bash scripts/setup.sh          # runtime (+ model writing, playback, download, examples, redis)
+#   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium,
+#                                  # redis-server and haproxy for the cluster tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +23,9 @@ trap 'echo "setup.sh: FAILED during: ${CURRENT:-start} (exit $?)" >&2' ERR
 # -- 1. system packages ------------------------------------------------------------------
 CURRENT="system packages"
 pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1 curl)
-[ "$WITH_TEST" = 1 ] && pkgs+=(chromium)
+# The cluster tests start their own redis-server and haproxy (deploy/local-cluster.sh); the
+# packages' own services are not used.
+[ "$WITH_TEST" = 1 ] && pkgs+=(chromium redis-server haproxy)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -48,7 +51,7 @@ if [ ! -x .venv/bin/python ]; then
   step "creating .venv with $($PY --version)"
   $PY -m venv .venv
 fi
-extras="model,audio,hub,examples"
+extras="model,audio,hub,examples,redis"
 [ "$WITH_TEST" = 1 ] && extras="test"
 step "installing streamtts[$extras] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true

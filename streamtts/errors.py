@@ -21,7 +21,8 @@ handling another keep the original as ``__cause__`` (``raise ... from exc``).
     │   └── UsageError                   a command-line argument is unusable (missing file or folder,
     │                                    unknown extension, taken port): the message says what to change
     ├── PlaybackError                    no sound device, PortAudio missing, device failed
-    └── ServerError                      a server refused or ended a client's session (.code)
+    ├── ServerError                      a server refused or ended a client's session (.code)
+    └── VoiceStoreUnavailableError       the shared voice store (Redis) cannot be reached
 """
 
 from __future__ import annotations
@@ -159,3 +160,12 @@ class ServerError(StreamTTSError):
         self.code = code
         self.message = message
         self.close_code = close_code
+
+
+class VoiceStoreUnavailableError(StreamTTSError):
+    """The shared voice store (Redis) could not be reached or answered with an error.
+
+    The server answers uploads and lookups of voices it does not hold locally with
+    ``voice_store_unavailable`` (HTTP 503) until the store is back; synthesis without a stored
+    voice is unaffected.
+    """

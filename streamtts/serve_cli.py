@@ -15,6 +15,7 @@ from .text.segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STREAMTTS_TOKEN"
+VOICE_STORE_ENV = "STREAMTTS_VOICE_STORE"
 
 
 def add_parser(sub: Any) -> None:
@@ -125,6 +126,25 @@ def add_parser(sub: Any) -> None:
         help="without a reference: frames of the first segment that become the session's voice",
     )
     p.add_argument("--voice-cache", type=int, default=256, help="encoded voices kept (LRU)")
+    p.add_argument(
+        "--voice-store",
+        default=os.environ.get(VOICE_STORE_ENV, "memory"),
+        help="where uploaded voices live: memory (this process) or redis://HOST:6379/0, shared "
+        f"by every replica (or ${VOICE_STORE_ENV})",
+    )
+    p.add_argument(
+        "--voice-ttl",
+        type=float,
+        default=7 * 24 * 3600.0,
+        help="seconds a stored voice is kept after its last use (redis)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or POST /admin/drain: seconds running streams get to finish before "
+        "the rest are cut; then the server exits 0",
+    )
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     p.set_defaults(handler=serve, check=_check_serve)
@@ -158,6 +178,7 @@ def listen(host: str, port: int) -> socket.socket:
 def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
     from .server.session import SessionSettings
     from .server.state import ServerSettings
+    from .server.voice_store import VoiceStoreSettings
 
     session = SessionSettings(
         max_message_bytes=args.max_message_bytes,
@@ -185,6 +206,8 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
         ping_interval_s=args.ping_interval,
         ping_timeout_s=args.ping_timeout,
         voice_cache_size=args.voice_cache,
+        voice_store=VoiceStoreSettings(url=args.voice_store, ttl_s=args.voice_ttl),
+        drain_timeout_s=args.drain_timeout,
         lookahead=args.lookahead,
         continuity_frames=args.continuity_frames,
         warmup=not args.no_warmup,
@@ -197,6 +220,7 @@ async def serve(args: argparse.Namespace) -> int:
     from .cli_common import demo_notice
     from .engine.frontend import Engine
     from .server.app import create_app
+    from .server.drain import DrainingServer
     from .server.uvicorn_ws import WebSocketProtocol
 
     # The port first: a taken port is a one-line error before the engine loads, not after.
@@ -228,7 +252,8 @@ async def serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
     )
-    server = uvicorn.Server(config)
+    # SIGTERM drains first (server/drain.py); Ctrl+C stops at once.
+    server = DrainingServer(config, app.state.streamtts.drain)
     # Tests and scripts read this line to find the port (with --port 0).
     print(
         f"streamtts: serving on http://{host}:{port} (WebSocket ws://{host}:{port}/v1/stream)",

@@ -264,3 +264,77 @@ def serve(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 # ============================== end of server section ================================
+
+
+# =====================================================================================
+# deploy: a real redis-server on a free loopback port (test_voice_store.py, test_deploy_*.py)
+# =====================================================================================
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def need_binary(name: str) -> str:
+    """The path of ``name``; fails (never skips) naming the setup command when missing."""
+    import shutil
+
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+    if path is None:
+        pytest.fail(f"{name} is not installed: run `bash scripts/setup.sh --test` (apt package)", pytrace=False)
+    return path
+
+
+@dataclass
+class RedisServer:
+    """redis-server on 127.0.0.1:``port`` (append-only file in ``folder``); stop() and start()
+    again on the same port and data."""
+
+    port: int
+    folder: Path
+    proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        import redis
+
+        self.proc = subprocess.Popen(
+            [need_binary("redis-server"), "--bind", "127.0.0.1", "--port", str(self.port),
+             "--dir", str(self.folder), "--save", "", "--appendonly", "yes"],
+            stdout=(self.folder / "redis.log").open("ab"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start: {(self.folder / 'redis.log').read_text()}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    srv = RedisServer(free_port(), tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+# ============================== end of deploy section ================================

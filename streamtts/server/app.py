@@ -15,7 +15,11 @@ Routes::
     POST /v1/voices          upload a reference clip -> voice id
     GET  /v1/voices          the cached voices (id, name, seconds)
     DELETE /v1/voices/{id}
-    GET  /healthz            200 when ready, 503 while loading or closing
+    GET  /healthz            liveness: 200 once loaded (also while draining), 503 while
+                             loading or closing
+    GET  /readyz             readiness: 200 only while a session slot is free and the server
+                             is not draining (balancer health checks, Kubernetes readiness)
+    POST /admin/drain        start a drain (drain.py): the token, or loopback when none is set
     GET  /metrics            Prometheus text
     GET  /v1/info            the model's name, whether it is the demo model (page.py)
     GET  /favicon.ico        the page's icon
@@ -24,6 +28,7 @@ Routes::
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -37,7 +42,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from ..errors import ReferenceAudioError, StreamTTSError
+from ..errors import ReferenceAudioError, StreamTTSError, VoiceStoreUnavailableError
 from ..request import Voice
 from .hosts import HostAllowList, HostCheckMiddleware
 from .logs import UvicornRefusalFilter
@@ -46,7 +51,8 @@ from .page import clip_from_body, favicon, info
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
 from .state import ServerSettings, ServerState
-from .voices import VoiceStore
+from .voice_store import redact_url
+from .voices import VoiceStore, open_shared_voices
 from .ws import websocket_endpoint
 
 log = logging.getLogger(__name__)
@@ -70,10 +76,21 @@ def create_app(
         v: Voice = await engine.encode_voice(data)
         return v
 
-    state = ServerState(engine, settings, VoiceStore(encode, settings.voice_cache_size))
+    vs = settings.voice_store
+    voices = VoiceStore(
+        encode,
+        settings.voice_cache_size,
+        open_shared_voices(vs),
+        recheck_s=vs.recheck_s,
+        max_stored_bytes=vs.max_stored_bytes,
+    )
+    state = ServerState(engine, settings, voices)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if voices.shared is not None and not await voices.shared.ping():
+            # Not fatal: synthesis without a stored voice works, and the store is retried.
+            log.warning("voice store %s unreachable at start", redact_url(vs.url))
         with uvicorn_refusals_quiet():
             await engine.start()
             if settings.warmup:
@@ -87,6 +104,7 @@ def create_app(
             finally:
                 state.closing = True
                 state.ready = False
+                await voices.aclose()
                 if own_engine:
                     await engine.aclose()
 
@@ -109,6 +127,8 @@ def create_app(
         routes=[
             Route("/", index),
             Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/admin/drain", admin_drain, methods=["POST"]),
             Route("/metrics", metrics),
             Route("/favicon.ico", favicon),
             Route("/v1/info", info),
@@ -151,16 +171,80 @@ async def index(request: Request) -> Response:
 async def healthz(request: Request) -> Response:
     s = _state(request)
     e = s.engine
+    status = "ok" if s.ready else ("closing" if s.closing else "starting")
+    if s.ready and s.drain.active:
+        status = "draining"  # alive: a liveness probe must not restart a draining replica
     body = {
-        "status": "ok" if s.ready else ("closing" if s.closing else "starting"),
+        "status": status,
         "active_streams": e.active_streams,
         "queued_streams": e.queued_streams,
         "max_streams": e.config.max_streams,
         "sessions": s.sessions,
         "max_sessions": s.settings.max_sessions,
         "voices": len(s.voices),
+        "draining": s.drain.active,
     }
     return JSONResponse(body, status_code=200 if s.ready else 503)
+
+
+async def readyz(request: Request) -> Response:
+    """200 only while this replica should get the next session: loaded, not draining, and a
+    session slot free. A balancer's health check turns a full or draining replica off."""
+    s = _state(request)
+    free = max(0, s.settings.max_sessions - s.sessions)
+    draining = s.drain.active
+    if not s.ready:
+        status = "closing" if s.closing else "starting"
+    elif draining:
+        status = "draining"
+    else:
+        status = "ready" if free else "full"
+    body = {
+        "status": status,
+        "free_slots": 0 if draining else free,
+        "active_streams": s.engine.active_streams,
+        "queued_streams": s.engine.queued_streams,
+        "sessions": s.sessions,
+        "max_sessions": s.settings.max_sessions,
+        "draining": draining,
+        "voice_store": s.voices.backend,
+        "voice_store_up": s.voices.available,
+    }
+    return JSONResponse(body, status_code=200 if status == "ready" else 503)
+
+
+async def admin_drain(request: Request) -> Response:
+    """Start a drain, as SIGTERM does (the process exits when it is over)."""
+    s = _state(request)
+    denied = check_access(s, request)
+    if denied is not None:
+        return denied
+    if not s.settings.token and not _loopback(request):
+        s.metrics.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
+        return error_response(
+            403,
+            ErrorCode.UNAUTHORIZED,
+            "without a server token, /admin/drain is only allowed from loopback (set --token)",
+            "permission_error",
+        )
+    started = s.drain.start("POST /admin/drain")
+    return JSONResponse(
+        {
+            "draining": True,
+            "started": started,
+            "timeout_s": s.drain.timeout_s,
+            "live_sessions": s.drain.live,
+        },
+        status_code=202,
+    )
+
+
+def _loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def metrics(request: Request) -> Response:
@@ -190,6 +274,8 @@ async def upload_voice(request: Request) -> Response:
     except ReferenceAudioError as exc:
         m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
         return error_response(400, ErrorCode.INVALID_REFERENCE_AUDIO, str(exc))
+    except VoiceStoreUnavailableError as exc:
+        return _store_unavailable(s, exc)
     except StreamTTSError as exc:
         log.exception("voice upload failed")
         m.errors_total.inc(code=ErrorCode.INTERNAL_ERROR)
@@ -211,11 +297,15 @@ async def list_voices(request: Request) -> Response:
     denied = check_access(s, request)
     if denied is not None:
         return denied
+    try:
+        infos = await s.voices.infos()
+    except VoiceStoreUnavailableError as exc:
+        return _store_unavailable(s, exc)
     voices = [
         {"voice_id": v.voice_id, "name": v.name, "seconds": v.seconds, "frames": v.frames}
-        for v in s.voices.infos()
+        for v in infos
     ]
-    return JSONResponse({"voices": voices, "capacity": s.voices.capacity})
+    return JSONResponse({"voices": voices, "capacity": s.voices.capacity, "store": s.voices.backend})
 
 
 async def delete_voice(request: Request) -> Response:
@@ -224,6 +314,17 @@ async def delete_voice(request: Request) -> Response:
     if denied is not None:
         return denied
     vid = request.path_params["voice_id"]
-    if not s.voices.delete(vid):
+    try:
+        deleted = await s.voices.delete(vid)
+    except VoiceStoreUnavailableError as exc:
+        return _store_unavailable(s, exc)
+    if not deleted:
         return error_response(404, ErrorCode.NOT_FOUND, f"no voice {vid!r}")
     return JSONResponse({"deleted": vid})
+
+
+def _store_unavailable(s: ServerState, exc: VoiceStoreUnavailableError) -> Response:
+    s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
+    resp = error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
+    resp.headers["Retry-After"] = "5"
+    return resp

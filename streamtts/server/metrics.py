@@ -140,6 +140,7 @@ class ServerMetrics:
         active: Callable[[], float],
         queued: Callable[[], float],
         prefix: Callable[[], dict[str, int]] = dict,
+        voice_store_up: Callable[[], float] = lambda: 1.0,
     ) -> None:
         r = self.registry = Registry()
         self.active_streams = Gauge(
@@ -182,6 +183,22 @@ class ServerMetrics:
         self.prefix_bytes = Gauge(
             "streamtts_prefix_cache_bytes", "KV snapshot bytes held by the prefix cache.", lambda: prefix().get("bytes", 0)
         )
+        self.draining = Gauge(
+            "streamtts_draining", "1 while the server drains (SIGTERM or POST /admin/drain)."
+        )
+        self.drain_closed_total = Counter(
+            "streamtts_drain_sessions_closed_total",
+            "Sessions with nothing in progress closed during a drain (1001), by kind.",
+        )
+        self.drain_cut_total = Counter(
+            "streamtts_drain_streams_cut_total",
+            "Streams still running when the drain timeout ran out, cut (1001), by kind.",
+        )
+        self.voice_store_up = Gauge(
+            "streamtts_voice_store_up",
+            "1 when the shared voice store answered last time (always 1 for memory).",
+            voice_store_up,
+        )
         for m in (
             self.prefix_hits,
             self.prefix_misses,
@@ -197,6 +214,10 @@ class ServerMetrics:
             self.segments_total,
             self.ttfa,
             self.rtf,
+            self.draining,
+            self.drain_closed_total,
+            self.drain_cut_total,
+            self.voice_store_up,
         ):
             r.add(m)
 

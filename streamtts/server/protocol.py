@@ -176,7 +176,11 @@ class ErrorCode:
     SLOW_CLIENT = "slow_client"
     FIRST_MESSAGE_TIMEOUT = "first_message_timeout"  # connected, then silent
     TOO_MANY_SESSIONS = "too_many_sessions"  # this client address is at its session cap
-    SERVER_SHUTDOWN = "server_shutdown"
+    SERVER_SHUTDOWN = "server_shutdown"  # cut at the end of a drain (close 1001)
+    # the replica is draining: new sessions are refused (1013 / HTTP 503 + Retry-After) and
+    # sessions with nothing in progress are closed (1001); reconnect, the balancer picks another
+    SERVER_DRAINING = "server_draining"
+    VOICE_STORE_UNAVAILABLE = "voice_store_unavailable"  # the shared voice store is unreachable
     INTERNAL_ERROR = "internal_error"
     # HTTP only
     UNAUTHORIZED = "unauthorized"

@@ -39,6 +39,7 @@ from ..config import SamplingParams
 from ..constants import FRAME_RATE
 from ..errors import (
     ConfigError,
+    VoiceStoreUnavailableError,
 )
 from ..request import StreamOptions, StreamStats, Voice
 from ..text.segmenter import (
@@ -207,6 +208,14 @@ class Session:
     def closed(self) -> bool:
         return self.state == "closed"
 
+    @property
+    def quiet(self) -> bool:
+        """Nothing the client asked for is outstanding: no segment generating and no partial
+        text waiting for more (a drain may close the session now without losing anything)."""
+        if self.state not in ("idle", "streaming") or self.busy:
+            return False
+        return self._segmenter is None or not self._segmenter.pending.strip()
+
     # -- client input ----------------------------------------------------------------------------
     def receive_text(self, data: str) -> None:
         if self.closed:
@@ -345,6 +354,29 @@ class Session:
         )
         self._close(CloseCode.POLICY, "client too slow", immediate=True)
 
+    def draining(self) -> None:
+        """The server is draining and the session is :attr:`quiet`: close it (1001); the
+        client reconnects, and the balancer sends it to another replica."""
+        if self.closed:
+            return
+        self._fatal(
+            ErrorCode.SERVER_DRAINING,
+            "the server is draining (shutting down or restarting): this session is closed "
+            "between replies; connect again to continue (the balancer picks another replica)",
+            CloseCode.GOING_AWAY,
+        )
+
+    def shutdown(self, drain_timeout_s: float) -> None:
+        """The server's drain time ran out with this session still busy: cut it (1001)."""
+        if self.closed:
+            return
+        self._fatal(
+            ErrorCode.SERVER_SHUTDOWN,
+            f"the server is shutting down: its drain time ({drain_timeout_s:g} s) ran out "
+            "and this stream was cut; connect again to continue",
+            CloseCode.GOING_AWAY,
+        )
+
     def internal_error(self, exc: BaseException) -> None:
         code, _, close = error_for_exception(exc)
         self._fatal(code, f"server error: {exc}", close)
@@ -436,7 +468,11 @@ class Session:
             return False
         reference: Voice | None = None
         if msg.voice is not None:
-            reference = self._voices(msg.voice)
+            try:
+                reference = self._voices(msg.voice)
+            except VoiceStoreUnavailableError as exc:
+                self._error(ErrorCode.VOICE_STORE_UNAVAILABLE, f"{exc}; try again shortly")
+                return False
             if reference is None:
                 self._error(
                     ErrorCode.UNKNOWN_VOICE,

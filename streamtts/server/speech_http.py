@@ -42,8 +42,10 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
+from ..errors import VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
+from .drain import RETRY_AFTER_S, HttpStream
 from .logs import REFUSALS
 from .protocol import ErrorCode, error_for_exception, request_limits
 from .state import ServerState
@@ -148,6 +150,8 @@ async def speech_endpoint(request: Request) -> Response:
     try:
         req = msgspec.json.decode(body, type=SpeechRequest)
         fmt, wav, sse = _format(req)
+        if req.voice is not None and req.voice not in OPENAI_VOICES:
+            await state.voices.fetch(req.voice)  # into this replica's cache (shared store)
         options, reference = _options(req, state)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:  # ConfigError too
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
@@ -158,6 +162,9 @@ async def speech_endpoint(request: Request) -> Response:
     except LookupError as exc:
         m.errors_total.inc(code=ErrorCode.UNKNOWN_VOICE)
         return error_response(404, ErrorCode.UNKNOWN_VOICE, str(exc.args[0]))
+    except VoiceStoreUnavailableError as exc:
+        m.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
+        return error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
     limits = state.settings.session
     if len(req.input) > limits.max_session_chars:
         m.errors_total.inc(code=ErrorCode.TEXT_TOO_LONG)
@@ -173,6 +180,14 @@ async def speech_endpoint(request: Request) -> Response:
         return error_response(
             400, ErrorCode.INVALID_TEXT, "input has nothing to say (no letters or digits)"
         )
+    if state.drain.active:
+        m.refused_total.inc(kind="http")
+        m.errors_total.inc(code=ErrorCode.SERVER_DRAINING)
+        resp = error_response(
+            503, ErrorCode.SERVER_DRAINING, state.drain.refusal_message(), "server_error"
+        )
+        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return resp
     client = request.client.host if request.client else ""
     refused = state.try_acquire("http", client)
     if refused is not None:
@@ -222,7 +237,8 @@ async def speech_endpoint(request: Request) -> Response:
             str(first.error),
             "server_error" if code not in _STATUS else "invalid_request_error",
         )
-    body_iter = _body(state, events, first, fmt, wav, sse, release, req.input)
+    drained = HttpStream()  # what the drain sees of this stream (drain.py)
+    body_iter = _body(state, events, first, fmt, wav, sse, release, drained, req.input)
     media = (
         "text/event-stream"
         if sse
@@ -238,7 +254,12 @@ async def speech_endpoint(request: Request) -> Response:
         "X-Audio-Format": fmt.name,
     }
     return _StreamingSpeech(
-        body_iter, state.settings.send_stall_s, state, media_type=media, headers=headers
+        body_iter,
+        state.settings.send_stall_s,
+        state,
+        drained=None if sse else drained,
+        media_type=media,
+        headers=headers,
     )
 
 
@@ -299,6 +320,7 @@ async def _body(
     wav: bool,
     sse: bool,
     release: Any,
+    drained: HttpStream,
     text: str = "",
 ) -> AsyncIterator[bytes]:
     m = state.metrics
@@ -313,6 +335,7 @@ async def _body(
         b64 = base64.b64encode(data).decode("ascii")
         return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64})}\n\n".encode()
 
+    state.drain.add(drained)
     try:
         if wav and not sse:  # SSE events carry audio only; a header is no audio
             yield out(wav_header(fmt.sample_rate, fmt.encoding))
@@ -335,7 +358,16 @@ async def _body(
                         err = {"type": "error", "error": {"code": code, "message": str(ev.error)}}
                         yield f"data: {json.dumps(err)}\n\n".encode()
                     return
-            ev = await anext(events, None)
+            ev = await _next_unless_cut(events, drained)
+        if drained.cut_message is not None:  # the server's drain time ran out
+            m.errors_total.inc(code=ErrorCode.SERVER_SHUTDOWN)
+            if sse:
+                err = {
+                    "type": "error",
+                    "error": {"code": ErrorCode.SERVER_SHUTDOWN, "message": drained.cut_message},
+                }
+                yield f"data: {json.dumps(err)}\n\n".encode()
+            return
         tail = enc.flush()
         if tail:
             yield out(tail)
@@ -349,22 +381,50 @@ async def _body(
             }
             yield f"data: {json.dumps(done)}\n\n".encode()
     finally:
+        state.drain.discard(drained)
         with contextlib.suppress(Exception):
             await events.aclose()
         release()
 
 
+async def _next_unless_cut(
+    events: AsyncGenerator[SegmentEvent, None], drained: HttpStream
+) -> SegmentEvent | None:
+    """The next event; None at once when the drain cuts the stream (not at the next event,
+    which may be far off)."""
+    if drained.cut_message is not None:
+        return None
+    nxt = asyncio.ensure_future(anext(events, None))
+    cut = asyncio.ensure_future(drained.was_cut.wait())
+    try:
+        done, _ = await asyncio.wait({nxt, cut}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        cut.cancel()
+        if not nxt.done():
+            nxt.cancel()  # the generator aborts its streams; _body closes it
+            await asyncio.gather(nxt, return_exceptions=True)
+    return nxt.result() if nxt in done else None
+
+
 class _StreamingSpeech(StreamingResponse):
     """A StreamingResponse that closes its body generator at once when the client leaves
     (so the engine slot is freed now, not at garbage collection) and gives up on a client
-    that does not read for ``stall_s``."""
+    that does not read for ``stall_s``. A raw audio body cut by a drain (``drained``) is left
+    incomplete (no final chunk), so the client sees it was cut, not a finished utterance; SSE
+    says so with an ``error`` event instead."""
 
     def __init__(
-        self, content: AsyncIterator[bytes], stall_s: float, state: ServerState, **kw: Any
+        self,
+        content: AsyncIterator[bytes],
+        stall_s: float,
+        state: ServerState,
+        drained: HttpStream | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(content, **kw)
         self.stall_s = stall_s
         self.state = state
+        self.drained = drained
 
     async def stream_response(self, send: Send) -> None:
         await send(
@@ -382,6 +442,8 @@ class _StreamingSpeech(StreamingResponse):
                     self.state.metrics.slow_clients_total.inc()
                     log.warning("speech: client read nothing for %g s; dropping it", self.stall_s)
                     return  # uvicorn closes a response left incomplete
+            if self.drained is not None and self.drained.cut_message is not None:
+                return  # cut by the drain: incomplete as well
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             aclose = getattr(body, "aclose", None)

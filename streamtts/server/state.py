@@ -10,9 +10,11 @@ from urllib.parse import urlsplit
 
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from ..errors import ConfigError
+from .drain import Drain
 from .metrics import ServerMetrics
 from .protocol import ErrorCode
 from .session import SessionSettings
+from .voice_store import VoiceStoreSettings
 from .voices import VoiceStore
 
 __all__ = ["ServerSettings", "ServerState"]
@@ -45,6 +47,10 @@ class ServerSettings:
     continuity_frames: int = DEFAULT_CONTINUITY_FRAMES
     fade_ms: float = DEFAULT_FADE_MS
     warmup: bool = True
+    # memory (this process) or redis://host:6379/0 (shared by replicas): voice_store.py
+    voice_store: VoiceStoreSettings = field(default_factory=VoiceStoreSettings)
+    # SIGTERM / POST /admin/drain: running streams get this long to finish (drain.py)
+    drain_timeout_s: float = 30.0
 
     def validate(self) -> ServerSettings:
         if self.max_sessions < 1:
@@ -59,6 +65,9 @@ class ServerSettings:
             raise ConfigError("send_buffer_s and send_stall_s must be > 0")
         if self.session.max_message_bytes > self.ws_max_size:
             raise ConfigError("max_message_bytes must be <= ws_max_size")
+        if self.drain_timeout_s <= 0:
+            raise ConfigError(f"drain_timeout_s must be > 0, got {self.drain_timeout_s}")
+        self.voice_store.validate()
         return self
 
 
@@ -73,7 +82,9 @@ class ServerState:
             lambda: engine.active_streams,
             lambda: engine.queued_streams,
             lambda: engine.prefix_cache_info() if hasattr(engine, "prefix_cache_info") else {},
+            lambda: 1.0 if voices.available else 0.0,
         )
+        self.drain = Drain(self.metrics, settings.drain_timeout_s)
         self.sessions = 0
         self._per_client: Counter[str] = Counter()
         self.ready = False  # engine loaded and warmed up

@@ -26,10 +26,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..constants import FRAME_RATE
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
+from ..errors import VoiceStoreUnavailableError
+from ..request import Voice
+from .drain import refuse_websocket
 from .hosts import deny_websocket
 from .logs import REFUSALS
 from .protocol import CloseCode, Error, ErrorCode, encode
@@ -144,12 +148,24 @@ class Outbox:
         self._room.set()
 
 
+class _VoicePeek(msgspec.Struct):
+    """The two fields of a client message that say whether a stored voice must be fetched."""
+
+    type: str = ""
+    voice: str | None = None
+
+
 class WsConnection:
+    kind = "ws"
+
     def __init__(self, ws: WebSocket, state: ServerState) -> None:
         self.ws = ws
         self.state = state
         self.settings = state.settings
-        self.session = Session(state.settings.session, voices=state.voices.get)
+        self.session = Session(state.settings.session, voices=self._voice)
+        # A voice fetch (shared store) that failed: the session's lookup raises it.
+        self._voice_errors: dict[str, VoiceStoreUnavailableError] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
         self.pipeline: SegmentedSpeech | None = None
         self.runner: asyncio.Task[None] | None = None
@@ -222,10 +238,51 @@ class WsConnection:
                 continue
             text = msg.get("text")
             if text is not None:
+                if self.session.state == "idle":
+                    await self._fetch_voice(text)
                 self.session.receive_text(text)
             else:
                 self.session.receive_bytes(msg.get("bytes") or b"")
             await self._apply(self.session.actions())
+
+    # -- voices and drain ---------------------------------------------------------------------
+    async def _fetch_voice(self, text: str) -> None:
+        """Before a `start` naming a voice reaches the (synchronous) session: bring the voice
+        into this replica's cache from the shared store, or note why it cannot be had."""
+        try:
+            peek = msgspec.json.decode(text, type=_VoicePeek)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return  # the session reports what is wrong with the message
+        if peek.type != "start" or not peek.voice:
+            return
+        try:
+            await self.state.voices.fetch(peek.voice)
+        except VoiceStoreUnavailableError as exc:
+            self._voice_errors[peek.voice] = exc
+
+    def _voice(self, voice_id: str) -> Voice | None:
+        err = self._voice_errors.pop(voice_id, None)
+        if err is not None:
+            raise err
+        return self.state.voices.get(voice_id)
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing asked for is in progress or waiting to be sent (drain.py)."""
+        return self.session.quiet and not len(self.outbox)
+
+    def leave(self) -> None:
+        self.session.draining()
+        self._apply_later()
+
+    def cut(self, timeout_s: float) -> None:
+        self.session.shutdown(timeout_s)
+        self._apply_later()
+
+    def _apply_later(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._apply(self.session.actions()))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- sending ------------------------------------------------------------------------------
     async def _send_loop(self) -> None:
@@ -355,6 +412,9 @@ async def websocket_endpoint(ws: WebSocket) -> None:
         REFUSALS.log("refused WebSocket from %s: no valid token", client)
         await deny_websocket(ws, 401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token")
         return
+    if state.drain.active:
+        await refuse_websocket(ws, state.drain)
+        return
     refused = state.try_acquire("ws", client)
     if refused is not None:
         # Accept, then refuse: browsers cannot see a handshake's HTTP status, but they see
@@ -369,6 +429,8 @@ async def websocket_endpoint(ws: WebSocket) -> None:
         return
     try:
         await ws.accept()
-        await WsConnection(ws, state).run()
+        conn = WsConnection(ws, state)
+        with state.drain.tracking(conn):
+            await conn.run()
     finally:
         state.release(client)

@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# A streamtts cluster on this machine: N replicas, Redis for the shared voices, HAProxy in front.
+#
+#   deploy/local-cluster.sh up [N] [--config CFG.yaml] [--bind HOST:PORT] [-- SERVE_ARGS...]
+#       start Redis, N replicas (default 2) and HAProxy
+#   deploy/local-cluster.sh status      print the same JSON line (exit 1 naming any process gone)
+#   deploy/local-cluster.sh down        stop exactly what `up` started
+#
+# Everything listens on 127.0.0.1 (free ports); --bind puts HAProxy on another address (e.g.
+# 0.0.0.0:8080 to serve other machines; the replicas stay on loopback). Without --config the replicas serve the
+# synthetic demo model. SERVE_ARGS go to every `streamtts serve` (e.g. --max-sessions 4
+# --drain-timeout 10). redis-server and haproxy come from the distribution's packages and are
+# installed (apt-get, as root or with sudo) when missing.
+#
+# The run folder (${STREAMTTS_CLUSTER_DIR:-.cluster} in the repository) holds the logs,
+# redis.conf, haproxy.cfg, the PIDs (pids, NAME.pid), each process's exit status once it has
+# ended (NAME.exit: replica-1.exit, redis.exit, haproxy.exit) and cluster.json. The last line `up` and `status`
+# print is one JSON object:
+#   {"balancer": "http://127.0.0.1:PORT", "replicas": [{"url": ..., "pid": N}, ...],
+#    "redis": "redis://127.0.0.1:PORT/0"}
+# `down` sends SIGTERM to exactly the PIDs in that folder (replicas drain first), then SIGKILL
+# to any still there after STREAMTTS_DOWN_TIMEOUT seconds (default 45).
+#
+# Environment: STREAMTTS_PYTHON (the interpreter with streamtts; default .venv/bin/python, then
+# python3), STREAMTTS_LB_CHECK_INTER (HAProxy health-check interval, default 1s),
+# STREAMTTS_CLUSTER_GPUS (e.g. 0,1,2,3: replica i gets CUDA_VISIBLE_DEVICES=the i-th entry, so
+# one replica per GPU; with a CUDA build and n_gpu_layers: -1 in the config).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$HERE")"
+RUN="${STREAMTTS_CLUSTER_DIR:-$REPO/.cluster}"
+CHECK_INTER="${STREAMTTS_LB_CHECK_INTER:-1s}"
+DOWN_TIMEOUT="${STREAMTTS_DOWN_TIMEOUT:-45}"
+
+die() { echo "local-cluster.sh: $*" >&2; exit 1; }
+note() { echo "==> $*" >&2; }
+
+usage() {
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+python_bin() {
+    if [[ -n "${STREAMTTS_PYTHON:-}" ]]; then echo "$STREAMTTS_PYTHON"
+    elif [[ -x "$REPO/.venv/bin/python" ]]; then echo "$REPO/.venv/bin/python"
+    else echo python3; fi
+}
+
+ensure_packages() {
+    local missing=()
+    command -v redis-server >/dev/null || missing+=(redis-server)
+    command -v haproxy >/dev/null || missing+=(haproxy)
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    local sudo=""
+    if [[ "$(id -u)" != 0 ]]; then
+        command -v sudo >/dev/null || die "need root (or sudo) to install: ${missing[*]}"
+        sudo="sudo"
+    fi
+    note "installing ${missing[*]} (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq >&2
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Running, and not a zombie (a process this script started is reparented when it exits).
+alive() { [[ -n "$1" && -r "/proc/$1/status" ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+
+# start_bg NAME CMD...: run CMD in the background with its log in $RUN/NAME.log; print its PID.
+# A small watcher shell waits for it and writes its exit status to $RUN/NAME.exit.
+start_bg() {
+    local name=$1 t=0 pid=""
+    shift
+    rm -f "$RUN/$name.pid" "$RUN/$name.exit"
+    ( "$@" </dev/null >"$RUN/$name.log" 2>&1 &
+      echo $! >"$RUN/$name.pid.tmp" && mv "$RUN/$name.pid.tmp" "$RUN/$name.pid"
+      wait $!
+      echo $? >"$RUN/$name.exit" ) </dev/null >/dev/null 2>&1 &
+    while [[ -z "$pid" ]]; do
+        (( t++ < 100 )) || die "could not start $name"
+        [[ -s "$RUN/$name.pid" ]] && pid=$(cat "$RUN/$name.pid") || sleep 0.05
+    done
+    echo "$pid"
+}
+
+# The process is still the one we started (PIDs get reused): its command line names it.
+ours() {
+    local pid=$1 what=$2
+    alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$what"
+}
+
+STARTED=()
+cleanup_on_error() {
+    local rc=$?
+    echo "local-cluster.sh: up failed (exit $rc); stopping what it started; logs in $RUN" >&2
+    for pid in "${STARTED[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    sleep 1
+    for pid in "${STARTED[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    rm -f "$RUN/pids" "$RUN/cluster.json"
+    trap - EXIT
+    exit "$rc"
+}
+
+# wait_http URL SECONDS PID: until GET URL answers 200 (fails at once if PID exits)
+wait_http() {
+    "$PY" - "$1" "$2" "$3" <<'PYEOF'
+import sys, time, urllib.request
+url, limit, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+deadline = time.monotonic() + limit
+while True:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            if "\nState:\tZ" in f.read():
+                raise OSError
+    except OSError:
+        sys.exit(f"pid {pid} exited before {url} answered")
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit(f"{url}: no 200 after {limit:g} s")
+    time.sleep(0.1)
+PYEOF
+}
+
+# wait_port LOG PID SECONDS: the port `streamtts serve --port 0` printed
+wait_port() {
+    local log=$1 pid=$2 limit=$3 t=0 port
+    while (( t < limit * 10 )); do
+        port=$(sed -n 's/.*serving on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -1)
+        [[ -n "$port" ]] && { echo "$port"; return 0; }
+        alive "$pid" || { tail -n 30 "$log" >&2; die "replica $pid exited while starting (log $log)"; }
+        sleep 0.1; t=$((t + 1))
+    done
+    die "replica $pid printed no port after ${limit} s (log $log)"
+}
+
+# wait_haproxy SOCKET N SECONDS: until N servers are UP after a passed check
+wait_haproxy() {
+    "$PY" - "$1" "$2" "$3" <<'PYEOF'
+import csv, socket, sys, time
+path, n, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + limit
+up = 0
+while time.monotonic() < deadline:
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(2)
+        s.connect(path)
+        s.sendall(b"show stat\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        rows = list(csv.DictReader(data.decode().lstrip("# ").splitlines()))
+        up = sum(1 for r in rows if r["pxname"] == "replicas" and r["svname"] not in ("FRONTEND", "BACKEND")
+                 and r["status"] == "UP" and r.get("check_status") == "L7OK")
+        if up == n:
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.1)
+sys.exit(f"haproxy: {up} of {n} replicas UP after {limit:g} s")
+PYEOF
+}
+
+print_status() {
+    [[ -f "$RUN/cluster.json" ]] || die "no cluster in $RUN (run: $0 up)"
+    local dead=0 role pid
+    while read -r role pid; do
+        alive "$pid" || { echo "local-cluster.sh: $role (pid $pid) is not running" >&2; dead=1; }
+    done <"$RUN/pids"
+    cat "$RUN/cluster.json"
+    return $dead
+}
+
+cmd_up() {
+    local n=2 config="" bind="" serve_args=()
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --config) config="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
+            --run-dir) RUN="$2"; shift 2 ;;
+            --bind) bind="$2"; shift 2 ;;
+            --) shift; serve_args=("$@"); break ;;
+            -h|--help) usage ;;
+            [0-9]*) n=$1; shift ;;
+            *) die "unknown argument: $1" ;;
+        esac
+    done
+    (( n >= 1 )) || die "N must be >= 1"
+    mkdir -p "$RUN"
+    RUN="$(cd "$RUN" && pwd)"
+    if [[ -f "$RUN/pids" ]]; then
+        while read -r _ pid; do
+            alive "$pid" && die "a cluster is already running from $RUN (pid $pid); run: $0 down"
+        done <"$RUN/pids"
+    fi
+    ensure_packages
+    PY="$(python_bin)"
+    "$PY" -c "import streamtts" 2>/dev/null || die "$PY cannot import streamtts (set STREAMTTS_PYTHON)"
+    rm -f "$RUN"/*.log "$RUN"/*.pid "$RUN"/*.exit "$RUN/pids" "$RUN/cluster.json"
+    rm -rf "$RUN/appendonlydir"
+    # Any failure from here on (an error, or die) stops what was started: nothing is left behind.
+    trap cleanup_on_error EXIT
+
+    # -- Redis: the shared voice store (append-only file, so a restart keeps the voices) --------
+    local redis_port
+    redis_port=$(free_port)
+    cat >"$RUN/redis.conf" <<CONF
+bind 127.0.0.1
+port $redis_port
+dir $RUN
+daemonize no
+save ""
+appendonly yes
+maxmemory 256mb
+maxmemory-policy volatile-lru
+logfile $RUN/redis.log
+CONF
+    local redis_pid
+    redis_pid=$(start_bg redis redis-server "$RUN/redis.conf")
+    STARTED+=("$redis_pid")
+    echo "redis $redis_pid" >>"$RUN/pids"
+    local redis_url="redis://127.0.0.1:$redis_port/0"
+    note "redis $redis_url (pid $redis_pid)"
+
+    # -- replicas --------------------------------------------------------------------------------
+    local pids=() logs=() ports=() i
+    local cfg_args=()
+    [[ -n "$config" ]] && cfg_args=(--config "$config")
+    local gpus=()
+    [[ -n "${STREAMTTS_CLUSTER_GPUS:-}" ]] && IFS=, read -r -a gpus <<<"$STREAMTTS_CLUSTER_GPUS"
+    for ((i = 1; i <= n; i++)); do
+        local pid dev=()
+        (( ${#gpus[@]} )) && dev=(env "CUDA_VISIBLE_DEVICES=${gpus[$(( (i - 1) % ${#gpus[@]} ))]}")
+        pid=$(start_bg "replica-$i" "${dev[@]}" "$PY" -m streamtts.cli serve --host 127.0.0.1 \
+            --port 0 --voice-store "$redis_url" "${cfg_args[@]}" "${serve_args[@]}")
+        pids+=("$pid"); logs+=("$RUN/replica-$i.log")
+        STARTED+=("$pid")
+        echo "replica $pid" >>"$RUN/pids"
+    done
+    for ((i = 0; i < n; i++)); do
+        ports+=("$(wait_port "${logs[$i]}" "${pids[$i]}" 300)")
+    done
+    for ((i = 0; i < n; i++)); do
+        wait_http "http://127.0.0.1:${ports[$i]}/readyz" 300 "${pids[$i]}" \
+            || { tail -n 30 "${logs[$i]}" >&2; die "replica ${pids[$i]} not ready"; }
+        note "replica $((i + 1)) http://127.0.0.1:${ports[$i]} (pid ${pids[$i]})"
+    done
+
+    # -- HAProxy ---------------------------------------------------------------------------------
+    local lb_port lb_host=127.0.0.1
+    if [[ -n "$bind" ]]; then lb_host="${bind%:*}"; lb_port="${bind##*:}"; else lb_port=$(free_port); fi
+    cp "$HERE/haproxy.cfg" "$RUN/haproxy.cfg"
+    for ((i = 0; i < n; i++)); do
+        echo "    server r$((i + 1)) 127.0.0.1:${ports[$i]}" >>"$RUN/haproxy.cfg"
+    done
+    export STREAMTTS_LB_BIND="$lb_host:$lb_port" STREAMTTS_LB_RUN="$RUN" STREAMTTS_LB_CHECK_INTER="$CHECK_INTER"
+    haproxy -c -q -f "$RUN/haproxy.cfg" >&2 || die "haproxy rejected $RUN/haproxy.cfg"
+    local lb_pid
+    lb_pid=$(start_bg haproxy haproxy -db -f "$RUN/haproxy.cfg")
+    STARTED+=("$lb_pid")
+    echo "haproxy $lb_pid" >>"$RUN/pids"
+    wait_haproxy "$RUN/haproxy.sock" "$n" 30 || die "haproxy did not see the replicas (log $RUN/haproxy.log)"
+    note "haproxy http://$lb_host:$lb_port (pid $lb_pid), leastconn over $n replicas"
+
+    local reps="" sep=""
+    for ((i = 0; i < n; i++)); do
+        reps+="$sep{\"url\": \"http://127.0.0.1:${ports[$i]}\", \"pid\": ${pids[$i]}}"
+        sep=", "
+    done
+    printf '{"balancer": "http://%s:%s", "replicas": [%s], "redis": "%s"}\n' \
+        "$lb_host" "$lb_port" "$reps" "$redis_url" >"$RUN/cluster.json"
+    trap - EXIT
+    cat "$RUN/cluster.json"
+}
+
+cmd_down() {
+    [[ $# -ge 2 && "$1" == --run-dir ]] && RUN="$2"
+    [[ -f "$RUN/pids" ]] || { note "no cluster in $RUN"; return 0; }
+    local role pid todo=()
+    while read -r role pid; do
+        case "$role" in
+            replica) what="streamtts.cli serve" ;;
+            redis) what="redis-server" ;;
+            haproxy) what="haproxy" ;;
+            *) what="$role" ;;
+        esac
+        if ours "$pid" "$what"; then
+            kill -TERM "$pid" 2>/dev/null || true
+            todo+=("$pid")
+        fi
+    done <"$RUN/pids"
+    local waited=0
+    while (( waited < DOWN_TIMEOUT * 10 )); do
+        local left=0
+        for pid in "${todo[@]}"; do alive "$pid" && left=1; done
+        (( left == 0 )) && break
+        sleep 0.1; waited=$((waited + 1))
+    done
+    for pid in "${todo[@]}"; do
+        if alive "$pid"; then
+            echo "local-cluster.sh: pid $pid still running after ${DOWN_TIMEOUT} s: SIGKILL" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -f "$RUN/pids" "$RUN/cluster.json"
+    note "stopped ${#todo[@]} process(es) from $RUN"
+}
+
+case "${1:-}" in
+    up) shift; cmd_up "$@" ;;
+    status) shift; [[ $# -ge 2 && "$1" == --run-dir ]] && RUN="$2"; print_status ;;
+    down) shift; cmd_down "$@" ;;
+    *) usage ;;
+esac
