@@ -59,6 +59,8 @@ class ServerSettings:
             raise ConfigError("send_buffer_s and send_stall_s must be > 0")
         if self.session.max_message_bytes > self.ws_max_size:
             raise ConfigError("max_message_bytes must be <= ws_max_size")
+        if self.session.max_contexts < 1:
+            raise ConfigError(f"max_contexts must be >= 1, got {self.session.max_contexts}")
         return self
 
 
