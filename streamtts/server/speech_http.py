@@ -2,14 +2,14 @@
 
 Accepts OpenAI's request body (``model``, ``input``, ``voice``,
 ``instructions``, ``response_format``, ``speed``, ``stream_format``) plus our
-``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: ``pcm``
-(24 kHz s16le, as OpenAI's), ``wav`` (24 kHz s16le with a streaming header
-whose sizes are 0xFFFFFFFF, as OpenAI's), or any name of
-:data:`streamtts.audio.formats.FORMATS`. ``mp3``/``opus``/``aac``/``flac``
-are refused with 400 (no encoders in the serving path). ``stream_format:
-"sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
-``speech.audio.done``. ``voice``: an id from ``POST /v1/voices``, or one of
-OpenAI's voice names / ``default`` for the model's own voice.
+``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: every
+one of OpenAI's (``mp3``, the default, ``opus``, ``aac``, ``flac``, ``wav``, ``pcm``)
+streamed as it is produced (openai_formats.py), or any name of
+:data:`streamtts.audio.formats.FORMATS`. ``speed`` 0.25 to 4.0 (FFmpeg's ``atempo``).
+``stream_format: "sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
+``speech.audio.done``. ``voice``: a name of the config's ``voices:`` table (by default
+OpenAI's names, the model's own voice; voice_names.py) or an id from ``POST /v1/voices``.
+``instructions`` go to the prompt's instruction field.
 
 Long input is cut by the same segmenter as the WebSocket and spoken by the
 same pipeline (one voice, clean joins). Errors before the first audio get a
@@ -32,9 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
-from ..audio.formats import AudioFormat, StreamEncoder, get_format, wav_header
 from ..config import SamplingParams
-from ..constants import FRAME_RATE
+from ..constants import FRAME_RATE, SAMPLE_RATE
 from ..engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -45,17 +44,22 @@ from ..engine.segmented import (
 from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
 from .logs import REFUSALS
+from .openai_formats import (
+    SpeechFormat,
+    SpeechOutput,
+    SpeechRequestError,
+    check_speed,
+    resolve_format,
+)
 from .protocol import ErrorCode, error_for_exception, request_limits
 from .state import ServerState
+from .voice_names import OPENAI_VOICES as _OPENAI_VOICE_NAMES
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SpeechRequest", "speech_endpoint"]
 
-OPENAI_VOICES = frozenset(
-    "default alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split()
-)
-UNSUPPORTED = frozenset({"mp3", "opus", "aac", "flac"})
+OPENAI_VOICES = frozenset(["default", *_OPENAI_VOICE_NAMES])
 
 
 class SpeechRequest(msgspec.Struct, kw_only=True):
@@ -63,7 +67,7 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
     model: str = "streamtts"
     voice: str | None = None
     instructions: str | None = None
-    response_format: str = "wav"  # OpenAI's default is mp3, which we cannot produce
+    response_format: str = "mp3"  # OpenAI's default
     speed: float = 1.0
     stream_format: str = "audio"
     # ours
@@ -74,11 +78,15 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
 
 
 def error_response(
-    status: int, code: str, message: str, kind: str = "invalid_request_error"
+    status: int,
+    code: str,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
 ) -> JSONResponse:
-    """OpenAI's error shape, with our stable code."""
+    """OpenAI's error shape, with our stable code (and the request field at fault)."""
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": None, "code": code}},
+        {"error": {"message": message, "type": kind, "param": param, "code": code}},
         status_code=status,
     )
 
@@ -147,17 +155,17 @@ async def speech_endpoint(request: Request) -> Response:
         return body
     try:
         req = msgspec.json.decode(body, type=SpeechRequest)
-        fmt, wav, sse = _format(req)
+        fmt, sse = _format(req)
         options, reference = _options(req, state)
+    except SpeechRequestError as exc:  # a field we cannot honour: 400 naming it
+        m.errors_total.inc(code=exc.code)
+        return error_response(exc.status, exc.code, str(exc), param=exc.param)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:  # ConfigError too
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
         return error_response(400, ErrorCode.INVALID_REQUEST, str(exc))
     except RecursionError:  # msgspec's guard against deep nesting
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
         return error_response(400, ErrorCode.INVALID_REQUEST, "the JSON body is nested too deeply")
-    except LookupError as exc:
-        m.errors_total.inc(code=ErrorCode.UNKNOWN_VOICE)
-        return error_response(404, ErrorCode.UNKNOWN_VOICE, str(exc.args[0]))
     limits = state.settings.session
     if len(req.input) > limits.max_session_chars:
         m.errors_total.inc(code=ErrorCode.TEXT_TOO_LONG)
@@ -222,48 +230,38 @@ async def speech_endpoint(request: Request) -> Response:
             str(first.error),
             "server_error" if code not in _STATUS else "invalid_request_error",
         )
-    body_iter = _body(state, events, first, fmt, wav, sse, release)
-    media = (
-        "text/event-stream"
-        if sse
-        else (
-            "audio/wav"
-            if wav
-            else ("audio/pcm" if fmt.name == "pcm_s16le_24000" else fmt.mime_type)
-        )
-    )
+    output = SpeechOutput(fmt, req.speed)
+    body_iter = _body(state, events, first, output, sse, release)
+    media = "text/event-stream" if sse else fmt.mime_type
     headers = {
         "Cache-Control": "no-store",
         "X-Sample-Rate": str(fmt.sample_rate),
-        "X-Audio-Format": fmt.name,
+        "X-Audio-Format": fmt.raw.name if fmt.raw is not None else fmt.name,
     }
     return _StreamingSpeech(
         body_iter, state.settings.send_stall_s, state, media_type=media, headers=headers
     )
 
 
-def _format(req: SpeechRequest) -> tuple[AudioFormat, bool, bool]:
-    if req.speed != 1.0:
-        raise ValueError(f"speed {req.speed} is not supported (only 1.0)")
+def _format(req: SpeechRequest) -> tuple[SpeechFormat, bool]:
+    check_speed(req.speed)
     if req.stream_format not in ("audio", "sse"):
-        raise ValueError(f"stream_format must be 'audio' or 'sse', got {req.stream_format!r}")
-    rf = req.response_format
-    if rf in UNSUPPORTED:
-        raise ValueError(
-            f"response_format {rf!r} is not supported; use pcm, wav or one of the raw formats"
+        raise SpeechRequestError(
+            ErrorCode.INVALID_REQUEST,
+            "stream_format",
+            f"stream_format must be 'audio' or 'sse', got {req.stream_format!r}",
         )
-    if rf == "wav":
-        return get_format("pcm_s16le_24000"), True, req.stream_format == "sse"
-    return get_format(rf), False, req.stream_format == "sse"
+    sse = req.stream_format == "sse"
+    return resolve_format(req.response_format, sse), sse
 
 
 def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voice | None]:
     reference: Voice | None = None
-    if req.voice is not None and req.voice not in OPENAI_VOICES:
-        reference = state.voices.get(req.voice)
-        if reference is None:
-            raise LookupError(
-                f"no voice {req.voice!r} on this server (upload it with POST /v1/voices)"
+    if req.voice is not None:
+        known, reference = state.lookup_voice(req.voice)
+        if not known:
+            raise SpeechRequestError(
+                ErrorCode.UNKNOWN_VOICE, "voice", state.voice_names.unknown_message(req.voice)
             )
     mnt = request_limits(req.max_new_tokens, req.seed, state.settings.session.max_new_tokens)
     sampling = req.sampling.validate() if req.sampling is not None else None
@@ -295,33 +293,29 @@ async def _body(
     state: ServerState,
     events: AsyncGenerator[SegmentEvent, None],
     first: SegmentEvent,
-    fmt: AudioFormat,
-    wav: bool,
+    output: SpeechOutput,
     sse: bool,
     release: Any,
 ) -> AsyncIterator[bytes]:
     m = state.metrics
-    enc = StreamEncoder(fmt)
     frames = 0
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-
     def out(data: bytes) -> bytes:
         if not sse:
             return data
         b64 = base64.b64encode(data).decode("ascii")
         return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64})}\n\n".encode()
 
+    finished = False
     try:
-        if wav:
-            yield out(wav_header(fmt.sample_rate, fmt.encoding))
         ev: SegmentEvent | None = first
         while ev is not None:
             if isinstance(ev, SegmentAudio):
                 frames += ev.frames
-                data = enc.encode(ev.pcm)
+                data = await output.feed(ev.pcm)
+                m.audio_seconds_total.inc(ev.pcm.shape[0] / SAMPLE_RATE)
                 if data:
-                    m.audio_seconds_total.inc(len(data) / fmt.bytes_per_second)
                     yield out(data)
             elif isinstance(ev, SegmentDone):
                 m.segments_total.inc()
@@ -335,7 +329,8 @@ async def _body(
                         yield f"data: {json.dumps(err)}\n\n".encode()
                     return
             ev = await anext(events, None)
-        tail = enc.flush()
+        tail = await output.finish()
+        finished = True
         if tail:
             yield out(tail)
         if frames:
@@ -347,6 +342,8 @@ async def _body(
             }
             yield f"data: {json.dumps(done)}\n\n".encode()
     finally:
+        if not finished:
+            output.close()
         with contextlib.suppress(Exception):
             await events.aclose()
         release()

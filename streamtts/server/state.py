@@ -10,9 +10,11 @@ from urllib.parse import urlsplit
 
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from ..errors import ConfigError
+from ..request import Voice
 from .metrics import ServerMetrics
 from .protocol import ErrorCode
 from .session import SessionSettings
+from .voice_names import VoiceNames
 from .voices import VoiceStore
 
 __all__ = ["ServerSettings", "ServerState"]
@@ -67,10 +69,17 @@ class ServerSettings:
 class ServerState:
     """What every request sees: the engine, the voices, the metrics, the session count."""
 
-    def __init__(self, engine: Any, settings: ServerSettings, voices: VoiceStore) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        settings: ServerSettings,
+        voices: VoiceStore,
+        voice_names: VoiceNames | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.voices = voices
+        self.voice_names = voice_names or VoiceNames()
         self.metrics = ServerMetrics(
             lambda: engine.active_streams,
             lambda: engine.queued_streams,
@@ -113,6 +122,19 @@ class ServerState:
                 "sessions open (the limit per address); close one or try again later"
             )
         return f"the server is at its limit of {self.settings.max_sessions} sessions; try again later"
+
+    # -- voices ---------------------------------------------------------------------------------
+    def named_voice(self, name: str) -> Voice | None:
+        """A configured name's clip, else an uploaded voice id's voice (None: neither)."""
+        return self.voice_names.get(name) or self.voices.get(name)
+
+    def lookup_voice(self, name: str) -> tuple[bool, Voice | None]:
+        """(known, reference) for a request's ``voice``: a name of the model's own voice is
+        known without a reference."""
+        if name in self.voice_names.own:
+            return True, None
+        ref = self.named_voice(name)
+        return ref is not None, ref
 
     # -- access checks -------------------------------------------------------------------------
     def token_ok(self, headers: Any, query: Any) -> bool:

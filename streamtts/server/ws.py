@@ -181,7 +181,7 @@ class WsConnection:
         self.ws = ws
         self.state = state
         self.settings = state.settings
-        self.session = Session(state.settings.session, voices=state.voices.get)
+        self.session = Session(state.settings.session, voices=state.named_voice)
         self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
         # one speech pipeline and runner task per context (None: the implicit one)
         self.pipelines: dict[str | None, SegmentedSpeech] = {}
