@@ -31,6 +31,8 @@ LAYERS: dict[str, int] = {
     "streamtts.demo": 5,
     "streamtts.engine": 6,
     "streamtts.server": 7,
+    # framework plugins (Pipecat, LiveKit): clients of the server, like streamtts.client
+    "streamtts.integrations": 8,
     # entry points and the public face (cli, bench, sync, client, ...): may use everything
     "streamtts": 8,
 }
