@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -57,7 +58,15 @@ from .server.protocol import AudioHeader, Done, Error, Ready, SegmentInfo
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Audio", "ClientSession", "ServerError", "StreamClient", "stream_url"]
+__all__ = [
+    "Audio",
+    "ClientSession",
+    "ContextStream",
+    "ServerError",
+    "SharedSession",
+    "StreamClient",
+    "stream_url",
+]
 
 _ServerMessage = Ready | SegmentInfo | Done | Error | AudioHeader
 _SERVER_DECODER: msgspec.json.Decoder[_ServerMessage] = msgspec.json.Decoder(_ServerMessage)
@@ -344,6 +353,135 @@ class StreamClient:
 
         result = await asyncio.to_thread(post)
         return str(result["voice_id"])
+
+
+class ContextStream:
+    """One context of a :class:`SharedSession`: its own text in, its own events out.
+
+    Iterate it for the context's :class:`Audio`, :class:`SegmentInfo` and non-fatal
+    :class:`Error` events; the iteration ends at the context's ``done`` (kept in
+    :attr:`done`). A session that fails or closes first raises :class:`ServerError`.
+    """
+
+    def __init__(self, shared: SharedSession, session: ClientSession, context_id: str) -> None:
+        self.id = context_id
+        self._shared = shared
+        self._session = session
+        self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self.done: Done | None = None
+
+    async def send_text(self, text: str, flush: bool = False) -> None:
+        await self._session.send_text(text, flush, context_id=self.id)
+
+    async def flush(self) -> None:
+        await self._session.flush(context_id=self.id)
+
+    async def end(self) -> None:
+        """No more text for this context: it speaks what is pending, then its ``done``."""
+        await self._session.end(context_id=self.id)
+
+    async def cancel(self) -> None:
+        """Stop this context now (the session and its other contexts go on)."""
+        self._shared._release(self.id)
+        if self.done is None:
+            await self._session.cancel(context_id=self.id)
+
+    def _put(self, item: Event | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while self.done is None:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, Done):
+                self.done = item
+                self._shared._release(self.id)
+                return
+            yield item
+
+
+class SharedSession:
+    """One ``/v1/stream`` session shared by independent streams, one context each.
+
+    A framework's streams (a LiveKit ``SynthesizeStream``, a turn of an agent) each take a
+    :meth:`context`; a reader task routes every event to its context. The session opens on
+    first use and again after it closed (the server's idle timeout, a restart)::
+
+        shared = SharedSession(StreamClient("ws://127.0.0.1:8000", voice="alloy"))
+        ctx = await shared.context()
+        await ctx.send_text("Hello there.")
+        await ctx.end()
+        async for ev in ctx:            # Audio | SegmentInfo | Error, until its done
+            ...
+        await shared.aclose()
+    """
+
+    def __init__(self, client: StreamClient, **overrides: Any) -> None:
+        self.client = client
+        self.overrides = overrides
+        self._session: ClientSession | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._contexts: dict[str, ContextStream] = {}
+        self._lock = asyncio.Lock()
+        self._n = 0
+        self._prefix = secrets.token_hex(4)
+
+    @property
+    def session(self) -> ClientSession | None:
+        return self._session
+
+    async def context(self, context_id: str | None = None) -> ContextStream:
+        """A new context (``context_id`` or a fresh one) on the open session."""
+        async with self._lock:
+            if self._session is None:
+                self._session = await self.client.connect(**self.overrides)
+                self._reader = asyncio.create_task(self._read(self._session), name="streamtts-shared")
+            if context_id is None:
+                self._n += 1
+                context_id = f"{self._prefix}-{self._n}"
+            ctx = ContextStream(self, self._session, context_id)
+            self._contexts[context_id] = ctx
+            return ctx
+
+    def _release(self, context_id: str) -> None:
+        self._contexts.pop(context_id, None)
+
+    async def _read(self, session: ClientSession) -> None:
+        failure: BaseException | None = None
+        try:
+            async for ev in session:
+                cid = getattr(ev, "context_id", None)
+                ctx = self._contexts.get(cid) if cid is not None else None
+                if ctx is not None:
+                    ctx._put(ev)
+                elif isinstance(ev, Error):
+                    log.warning("server: %s: %s", ev.code, ev.message)
+        except ServerError as exc:
+            failure = exc
+        except Exception as exc:  # the connection broke in some other way
+            failure = ServerError("connection_closed", str(exc))
+        finally:
+            if self._session is session:
+                self._session = None
+            err = failure or ServerError("connection_closed", "the session ended")
+            for ctx in list(self._contexts.values()):
+                if ctx._session is session:
+                    ctx._put(err)
+                    self._release(ctx.id)
+
+    async def aclose(self) -> None:
+        session, reader = self._session, self._reader
+        self._session = None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.close()
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
 
 async def _send_all(s: ClientSession, text: str | Iterable[str] | AsyncIterable[str]) -> None:

@@ -66,7 +66,7 @@ class StreamTTSSettings(TTSSettings):
     """Runtime-updatable settings: ``voice`` and ``language`` (``model`` is informative)."""
 
 
-class StreamTTSService(WebsocketTTSService):  # type: ignore[misc]  # pipecat's bases are untyped
+class StreamTTSService(WebsocketTTSService):
     """Pipecat TTS over one ``/v1/stream`` session, one context per audio context."""
 
     Settings = StreamTTSSettings
