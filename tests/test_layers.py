@@ -31,10 +31,11 @@ LAYERS: dict[str, int] = {
     "streamtts.demo": 5,
     "streamtts.engine": 6,
     "streamtts.server": 7,
-    # framework plugins (Pipecat, LiveKit): clients of the server, like streamtts.client
-    "streamtts.integrations": 8,
     # entry points and the public face (cli, bench, sync, client, ...): may use everything
     "streamtts": 8,
+    # framework plugins (Pipecat, LiveKit): clients of the server built on streamtts.client
+    # (its sessions and contexts), so one step above the top-level modules
+    "streamtts.integrations": 9,
 }
 CORE_FORBIDDEN = ("threading", "ctypes", "asyncio", "onnx", "onnxruntime", "queue",
                   "concurrent", "multiprocessing", "socket", "tensorrt")
