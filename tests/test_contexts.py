@@ -340,3 +340,25 @@ def test_a_client_without_contexts_sees_no_context_fields(server: Any) -> None:
     assert all("context_id" not in t and t["type"] != "audio" for t in texts)
     assert any(isinstance(f, bytes) for f in frames)
     assert "segment" in [t["type"] for t in texts]
+
+
+def test_a_cancelled_context_frees_its_engine_streams_at_once(server: Any, voice_id: str) -> None:
+    long = " ".join(f"Sentence number {i} of a long answer nobody will hear the end of." for i in range(10))
+
+    async def scenario() -> float:
+        async with client(server, voice_id).session() as s:
+            out = await speak(s, {"a": long}, cancel_after={"a": 1})
+            assert out["done"]["a"].reason == "cancelled"
+            t0 = time.monotonic()
+            while server.health()["active_streams"] or server.health()["queued_streams"]:
+                assert time.monotonic() - t0 < 1.0, server.health()
+                await asyncio.sleep(0.005)
+            freed = time.monotonic() - t0
+            again = await speak(s, {"b": B})  # the session speaks on
+            assert again["done"]["b"].reason == "end"
+            await s.cancel()
+        return freed
+
+    freed = asyncio.run(scenario())
+    print(f"\nengine streams free {1000 * freed:.0f} ms after the cancelled context's done")
+    server.wait_idle()

@@ -242,3 +242,17 @@ def test_sdk_raises_the_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
         speech(client, speed=9.0)
     assert isinstance(exc.value.body, dict) and exc.value.body["code"] == "invalid_option"
+
+
+def test_a_client_leaving_mid_stream_frees_the_engine_and_the_encoder(server: Any) -> None:
+    """An mp3 response dropped after its first bytes: the generation and the encoder (busy in
+    its worker thread) are released, and the server goes on serving."""
+    for fmt in ("mp3", "opus", "aac", "mp3", "flac", "mp3"):  # where the cancel lands varies
+        body = {"input": TEXT * 2, "response_format": fmt, "seed": 1}
+        with httpx.stream("POST", server.http + "/v1/audio/speech", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            first = next(r.iter_bytes())
+            assert first
+        server.wait_idle(timeout=10)  # no engine stream, no session slot left
+    ok = httpx.post(server.http + "/v1/audio/speech", json={"input": "Fine.", "response_format": "aac"}, timeout=120)
+    assert ok.status_code == 200 and decode(ok.content)[1] == 24000

@@ -270,3 +270,30 @@ def test_sentence_aggregation_speaks_each_sentence(server: Any, voice_id: str) -
     assert [s.text for s in segments] == ["One short sentence.", "And then a second one!"]
     assert len(audio) == 2 * RATE * segments[-1].end_frame * 0.08 // 1 or len(audio) > 0
     assert np.frombuffer(audio, dtype="<i2").size > 0
+
+
+def test_a_voice_change_opens_a_session_with_the_new_voice(server: Any, voice_id: str) -> None:
+    from pipecat.frames.frames import TTSUpdateSettingsFrame
+
+    from streamtts.integrations.pipecat import StreamTTSSettings
+
+    async def scenario() -> tuple[str, str, Any, Any, int]:
+        gen = agent(server, voice_id)
+        a = await anext(gen)
+        try:
+            assert a.tts.session is not None and a.tts.session.ready is not None
+            before = a.tts.session.ready
+            await a.task.queue_frame(TTSUpdateSettingsFrame(delta=StreamTTSSettings(voice="alloy")))
+            await a.wait(lambda: a.tts.session is not None and a.tts.session.ready is not None
+                         and a.tts.session.ready.session != before.session)
+            await a.turn("Now in the other voice.")
+            cid, _ = await a.first_audio_of_new_context(0)
+            await a.wait(lambda: a.stopped(cid))
+            after = a.tts.session.ready
+            n = len(a.sink.audio(cid))
+        finally:
+            await gen.aclose()
+        return before.voice, after.voice, before.session, after.session, n
+
+    v0, v1, s0, s1, frames = asyncio.run(scenario())
+    assert (v0, v1) == (voice_id, "alloy") and s0 != s1 and frames > 0

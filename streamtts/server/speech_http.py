@@ -342,11 +342,15 @@ async def _body(
             }
             yield f"data: {json.dumps(done)}\n\n".encode()
     finally:
-        if not finished:
-            output.close()
-        with contextlib.suppress(Exception):
-            await events.aclose()
-        release()
+        # A client that leaves cancels this inside an anyio cancel scope, which cancels every
+        # await from here on again: the slot is released whatever the awaits do.
+        try:
+            if not finished:
+                output.close()
+            with contextlib.suppress(Exception):
+                await events.aclose()
+        finally:
+            release()
 
 
 class _StreamingSpeech(StreamingResponse):
