@@ -4,6 +4,9 @@
     streamtts serve --port 8000 &
     python examples/pipecat_agent.py --save agent.wav            # two turns, the first interrupted
 
+Flags as the other examples: --server (default $STREAMTTS_SERVER, else
+http://127.0.0.1:8000) and --save.
+
 The pipeline is the speaking half of a voice agent: an LLM's replies (simulated here, token
 by token, as Pipecat's LLM services emit them) -> StreamTTSService -> the output. In a real
 agent the same service sits between the LLM and the transport:
@@ -27,6 +30,8 @@ import os
 import random
 import sys
 import time
+import urllib.error
+import urllib.request
 import wave
 
 from loguru import logger
@@ -93,7 +98,26 @@ async def until(cond: object, timeout: float = 120.0) -> None:
             await asyncio.sleep(0.01)
 
 
+DEFAULT_SERVER = os.environ.get("STREAMTTS_SERVER") or "http://127.0.0.1:8000"
+
+
+class Unreachable(Exception):
+    pass
+
+
+def check_server(server: str) -> None:
+    """Before the pipeline starts (whose errors are many lines): is the server there?"""
+    base = server.rstrip("/").replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+    try:
+        urllib.request.urlopen(base.removesuffix("/v1/stream") + "/healthz", timeout=5).close()
+    except urllib.error.HTTPError:
+        pass  # it answers (503 while loading): the session will say more
+    except OSError as exc:
+        raise Unreachable(f"cannot reach {server} ({exc}); is `streamtts serve` running?") from exc
+
+
 async def main(server: str, save: str, interrupt_after: float, voice: str | None) -> None:
+    check_server(server)
     tts = StreamTTSService(url=server, voice=voice)
     sink = WavSink()
     worker = PipelineWorker(
@@ -102,6 +126,12 @@ async def main(server: str, save: str, interrupt_after: float, voice: str | None
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
     run = asyncio.create_task(runner.run())
+    try:
+        await until(lambda: tts.session is not None, 10)
+    except TimeoutError:
+        await worker.cancel()
+        await run
+        raise Unreachable(f"no session with {server}; is `streamtts serve` running?") from None
 
     t0 = time.monotonic()
     await worker.queue_frames(reply(FIRST))
@@ -133,7 +163,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--server", default=os.environ.get("STREAMTTS_SERVER", "ws://127.0.0.1:8000"))
+    p.add_argument("--server", default=DEFAULT_SERVER, help="the server's base URL")
     p.add_argument("--save", default="agent.wav", help="write the bot's audio here (WAV)")
     p.add_argument("--voice", help="a voice name or id of the server (default: the model's own)")
     p.add_argument(
@@ -142,4 +172,8 @@ if __name__ == "__main__":
     a = p.parse_args()
     logger.remove()  # Pipecat logs every frame at DEBUG: warnings only
     logger.add(sys.stderr, level="WARNING")
-    asyncio.run(main(a.server, a.save, a.interrupt_after, a.voice))
+    try:
+        asyncio.run(main(a.server, a.save, a.interrupt_after, a.voice))
+    except Unreachable as exc:
+        print(f"pipecat_agent.py: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -359,3 +359,26 @@ def test_pipecats_own_openai_service_pointed_at_the_server(server: Any) -> None:
     # sampled speech (no seed) differs run to run; the length is the speed's doing
     ratio = len(plain) / len(audio)
     assert 1.1 < ratio < 1.45, f"speed 1.25: {len(audio)} bytes vs {len(plain)} at speed 1"
+
+
+def test_the_example_agent_runs(server: Any, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "agent.wav"
+    r = subprocess.run(
+        [sys.executable, str(root / "examples" / "pipecat_agent.py"), "--server", server.http, "--save", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "interrupting" in r.stdout and "second reply: audio after" in r.stdout
+    x, sr = sf.read(out)
+    assert sr == 16000 and x.size > sr  # both replies: > 1 s
+    bad = subprocess.run(
+        [sys.executable, str(root / "examples" / "pipecat_agent.py"), "--server", "http://127.0.0.1:9", "--save", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is `streamtts serve` running?" in bad.stderr

@@ -53,13 +53,10 @@ from .openai_formats import (
 )
 from .protocol import ErrorCode, error_for_exception, request_limits
 from .state import ServerState
-from .voice_names import OPENAI_VOICES as _OPENAI_VOICE_NAMES
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SpeechRequest", "speech_endpoint"]
-
-OPENAI_VOICES = frozenset(["default", *_OPENAI_VOICE_NAMES])
 
 
 class SpeechRequest(msgspec.Struct, kw_only=True):
