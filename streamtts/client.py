@@ -16,6 +16,18 @@ For more control (segments, stats, flush, cancel), open a session::
         async for event in s:       # Audio | SegmentInfo | Done | Error (non-fatal)
             ...
 
+Several independent streams on one socket (contexts, docs/protocol.md): pass a
+``context_id`` to ``send_text``/``flush``/``end``/``cancel``; the events of a named context
+carry its id (``Audio.context_id``, ``Done.context_id``, ...), and ``done`` for each
+context leaves the session open::
+
+    async with client.session() as s:
+        await s.send_text("First answer.", context_id="turn-1")
+        await s.end(context_id="turn-1")
+        async for event in s:
+            if isinstance(event, Done) and event.context_id == "turn-1":
+                break
+
 A fatal server error (``error`` with ``fatal: true``) or a close without
 ``done`` raises :class:`ServerError` with the server's code.
 """
@@ -26,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -41,28 +54,34 @@ import numpy.typing as npt
 from .audio.formats import AudioFormat, decode_audio, get_format
 from .config import SamplingParams
 from .errors import ServerError
-from .server.protocol import Done, Error, Ready, SegmentInfo
+from .server.protocol import AudioHeader, Done, Error, Ready, SegmentInfo
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Audio", "ClientSession", "ServerError", "StreamClient", "stream_url"]
+__all__ = [
+    "Audio",
+    "ClientSession",
+    "ContextStream",
+    "ServerError",
+    "SharedSession",
+    "StreamClient",
+    "stream_url",
+]
 
-_SERVER_DECODER: msgspec.json.Decoder[Ready | SegmentInfo | Done | Error] = msgspec.json.Decoder(
-    Ready | SegmentInfo | Done | Error
-)
+_ServerMessage = Ready | SegmentInfo | Done | Error | AudioHeader
+_SERVER_DECODER: msgspec.json.Decoder[_ServerMessage] = msgspec.json.Decoder(_ServerMessage)
 _ENCODER = msgspec.json.Encoder()
-
-
-
 
 
 @dataclass(slots=True)
 class Audio:
-    """One binary frame: ``pcm`` float32 in [-1, 1] at ``sample_rate``; ``data`` as sent."""
+    """One binary frame: ``pcm`` float32 in [-1, 1] at ``sample_rate``; ``data`` as sent;
+    ``context_id`` the named context it belongs to (None: the implicit one)."""
 
     pcm: npt.NDArray[np.float32]
     data: bytes
     sample_rate: int
+    context_id: str | None = None
 
 
 Event = Audio | SegmentInfo | Done | Error
@@ -92,28 +111,47 @@ class ClientSession:
         self.format: AudioFormat | None = None
         self.segments: list[SegmentInfo] = []
         self.errors: list[Error] = []
-        self.done: Done | None = None
+        self.done: Done | None = None  # the session's own (final) done
+        self._next_context: str | None = None  # named by the `audio` header just read
 
-    async def _send(self, obj: dict[str, Any]) -> None:
+    @classmethod
+    async def open(cls, ws: Any, **settings: Any) -> ClientSession:
+        """A session on an open ``websockets`` connection ``ws``: sends ``start`` with
+        ``settings`` (None values left out) and waits for ``ready`` (ServerError if refused)."""
+        from websockets.exceptions import ConnectionClosed
+
+        s = cls(ws)
+        try:
+            await s.start(**settings)
+        except ConnectionClosed:
+            pass  # refused at once (overloaded): its error message is still to be read
+        await s._wait_ready()
+        return s
+
+    async def _send(self, obj: dict[str, Any], context_id: str | None = None) -> None:
+        if context_id is not None:
+            obj["context_id"] = context_id
         await self._ws.send(_ENCODER.encode(obj).decode("utf-8"))
 
     async def start(self, **settings: Any) -> None:
         await self._send({"type": "start", **{k: v for k, v in settings.items() if v is not None}})
 
-    async def send_text(self, text: str, flush: bool = False) -> None:
+    async def send_text(self, text: str, flush: bool = False, context_id: str | None = None) -> None:
         msg: dict[str, Any] = {"type": "text", "text": text}
         if flush:
             msg["flush"] = True
-        await self._send(msg)
+        await self._send(msg, context_id)
 
-    async def flush(self) -> None:
-        await self._send({"type": "flush"})
+    async def flush(self, context_id: str | None = None) -> None:
+        await self._send({"type": "flush"}, context_id)
 
-    async def end(self) -> None:
-        await self._send({"type": "end"})
+    async def end(self, context_id: str | None = None) -> None:
+        """No more text: for the whole session, or (``context_id``) for that context only."""
+        await self._send({"type": "end"}, context_id)
 
-    async def cancel(self) -> None:
-        await self._send({"type": "cancel"})
+    async def cancel(self, context_id: str | None = None) -> None:
+        """Stop now: the whole session, or (``context_id``) that context only."""
+        await self._send({"type": "cancel"}, context_id)
 
     async def close(self) -> None:
         await self._ws.close()
@@ -151,17 +189,21 @@ class ClientSession:
             async for msg in self._ws:
                 if isinstance(msg, bytes):
                     fmt = self.format or get_format("pcm_s16le_24000")
-                    yield Audio(decode_audio(msg, fmt), msg, fmt.sample_rate)
+                    cid, self._next_context = self._next_context, None
+                    yield Audio(decode_audio(msg, fmt), msg, fmt.sample_rate, cid)
                     continue
                 ev = _SERVER_DECODER.decode(msg)
-                if isinstance(ev, Ready):
+                if isinstance(ev, AudioHeader):
+                    self._next_context = ev.context_id
+                elif isinstance(ev, Ready):
                     self.ready = ev
                     self.format = get_format(ev.format)
                 elif isinstance(ev, SegmentInfo):
                     self.segments.append(ev)
                     yield ev
                 elif isinstance(ev, Done):
-                    self.done = ev
+                    if ev.context_id is None:
+                        self.done = ev
                     yield ev
                 elif isinstance(ev, Error):
                     self.errors.append(ev)
@@ -229,9 +271,8 @@ class StreamClient:
             "max_new_tokens": max_new_tokens,
         }
 
-    @contextlib.asynccontextmanager
-    async def session(self, **overrides: Any) -> AsyncIterator[ClientSession]:
-        """Open a session and send its ``start``; closed when the block is left."""
+    async def connect(self, **overrides: Any) -> ClientSession:
+        """Open a session (``start`` sent, ``ready`` received); the caller closes it."""
         import websockets
 
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
@@ -248,18 +289,20 @@ class StreamClient:
             raise ServerError(
                 "unauthorized" if status == 401 else "refused", f"HTTP {status} from {self.url}"
             ) from exc
-        from websockets.exceptions import ConnectionClosed
-
-        s = ClientSession(ws)
         try:
-            try:
-                await s.start(**{**self.settings, **overrides})
-            except ConnectionClosed:
-                pass  # refused at once (overloaded): its error message is still to be read
-            await s._wait_ready()
+            return await ClientSession.open(ws, **{**self.settings, **overrides})
+        except BaseException:
+            await ws.close()
+            raise
+
+    @contextlib.asynccontextmanager
+    async def session(self, **overrides: Any) -> AsyncIterator[ClientSession]:
+        """Open a session and send its ``start``; closed when the block is left."""
+        s = await self.connect(**overrides)
+        try:
             yield s
         finally:
-            await ws.close()
+            await s.close()
 
     async def stream(
         self, text: str | Iterable[str] | AsyncIterable[str], **overrides: Any
@@ -310,6 +353,135 @@ class StreamClient:
 
         result = await asyncio.to_thread(post)
         return str(result["voice_id"])
+
+
+class ContextStream:
+    """One context of a :class:`SharedSession`: its own text in, its own events out.
+
+    Iterate it for the context's :class:`Audio`, :class:`SegmentInfo` and non-fatal
+    :class:`Error` events; the iteration ends at the context's ``done`` (kept in
+    :attr:`done`). A session that fails or closes first raises :class:`ServerError`.
+    """
+
+    def __init__(self, shared: SharedSession, session: ClientSession, context_id: str) -> None:
+        self.id = context_id
+        self._shared = shared
+        self._session = session
+        self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self.done: Done | None = None
+
+    async def send_text(self, text: str, flush: bool = False) -> None:
+        await self._session.send_text(text, flush, context_id=self.id)
+
+    async def flush(self) -> None:
+        await self._session.flush(context_id=self.id)
+
+    async def end(self) -> None:
+        """No more text for this context: it speaks what is pending, then its ``done``."""
+        await self._session.end(context_id=self.id)
+
+    async def cancel(self) -> None:
+        """Stop this context now (the session and its other contexts go on)."""
+        self._shared._release(self.id)
+        if self.done is None:
+            await self._session.cancel(context_id=self.id)
+
+    def _put(self, item: Event | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while self.done is None:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, Done):
+                self.done = item
+                self._shared._release(self.id)
+                return
+            yield item
+
+
+class SharedSession:
+    """One ``/v1/stream`` session shared by independent streams, one context each.
+
+    A framework's streams (a LiveKit ``SynthesizeStream``, a turn of an agent) each take a
+    :meth:`context`; a reader task routes every event to its context. The session opens on
+    first use and again after it closed (the server's idle timeout, a restart)::
+
+        shared = SharedSession(StreamClient("ws://127.0.0.1:8000", voice="alloy"))
+        ctx = await shared.context()
+        await ctx.send_text("Hello there.")
+        await ctx.end()
+        async for ev in ctx:            # Audio | SegmentInfo | Error, until its done
+            ...
+        await shared.aclose()
+    """
+
+    def __init__(self, client: StreamClient, **overrides: Any) -> None:
+        self.client = client
+        self.overrides = overrides
+        self._session: ClientSession | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._contexts: dict[str, ContextStream] = {}
+        self._lock = asyncio.Lock()
+        self._n = 0
+        self._prefix = secrets.token_hex(4)
+
+    @property
+    def session(self) -> ClientSession | None:
+        return self._session
+
+    async def context(self, context_id: str | None = None) -> ContextStream:
+        """A new context (``context_id`` or a fresh one) on the open session."""
+        async with self._lock:
+            if self._session is None:
+                self._session = await self.client.connect(**self.overrides)
+                self._reader = asyncio.create_task(self._read(self._session), name="streamtts-shared")
+            if context_id is None:
+                self._n += 1
+                context_id = f"{self._prefix}-{self._n}"
+            ctx = ContextStream(self, self._session, context_id)
+            self._contexts[context_id] = ctx
+            return ctx
+
+    def _release(self, context_id: str) -> None:
+        self._contexts.pop(context_id, None)
+
+    async def _read(self, session: ClientSession) -> None:
+        failure: BaseException | None = None
+        try:
+            async for ev in session:
+                cid = getattr(ev, "context_id", None)
+                ctx = self._contexts.get(cid) if cid is not None else None
+                if ctx is not None:
+                    ctx._put(ev)
+                elif isinstance(ev, Error):
+                    log.warning("server: %s: %s", ev.code, ev.message)
+        except ServerError as exc:
+            failure = exc
+        except Exception as exc:  # the connection broke in some other way
+            failure = ServerError("connection_closed", str(exc))
+        finally:
+            if self._session is session:
+                self._session = None
+            err = failure or ServerError("connection_closed", "the session ended")
+            for ctx in list(self._contexts.values()):
+                if ctx._session is session:
+                    ctx._put(err)
+                    self._release(ctx.id)
+
+    async def aclose(self) -> None:
+        session, reader = self._session, self._reader
+        self._session = None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.close()
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
 
 async def _send_all(s: ClientSession, text: str | Iterable[str] | AsyncIterable[str]) -> None:

@@ -128,6 +128,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # llama.cpp's CPU workers between decodes: 0 = they sleep, up to 100 = they spin;
     # -1 = llama.cpp's own thread pool (which spins at 50)
     thread_poll: int = 0
+    # `streamtts serve`: voice names -> a reference clip (path, resolved like the model paths)
+    # or null (the model's own voice). Empty: every OpenAI voice name is the model's own voice.
+    voices: dict[str, str | None] = msgspec.field(default_factory=dict)
 
     # where the file came from (not a YAML key)
     source: str = ""
@@ -162,6 +165,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"chunk_frames must be a non-empty list of ints >= 1, got {self.chunk_frames}")
         if self.resume_buffered_s > self.max_buffered_s or self.max_buffered_s <= 0:
             raise ConfigError("need 0 < resume_buffered_s <= max_buffered_s")
+        bad = [name for name in self.voices if not name.strip() or len(name) > 64]
+        if bad:
+            raise ConfigError(f"voices: names must be 1-64 characters, got {bad!r}")
         return self
 
 
@@ -204,6 +210,7 @@ def config_from_dict(data: dict[str, Any], config_dir: Path | None = None, sourc
         raise ConfigError(f"{source or 'config'}: {exc}") from exc
     for key in PATH_KEYS:
         setattr(cfg, key, resolve_path(getattr(cfg, key), config_dir))
+    cfg.voices = {k: (resolve_path(v, config_dir) if v else None) for k, v in cfg.voices.items()}
     cfg.source = source
     return cfg.validate()
 

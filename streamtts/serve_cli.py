@@ -78,6 +78,12 @@ def add_parser(sub: Any) -> None:
         "--max-message-bytes", type=int, default=64 * 1024, help="largest client message"
     )
     p.add_argument("--max-text-chars", type=int, default=10_000, help="largest text per message")
+    p.add_argument(
+        "--max-contexts",
+        type=int,
+        default=4,
+        help="named contexts (independent streams) open at once on one WebSocket session",
+    )
     p.add_argument("--max-session-chars", type=int, default=200_000, help="most text per session")
     p.add_argument(
         "--send-buffer", type=float, default=30.0, help="audio seconds queued per client"
@@ -190,6 +196,7 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
         clause_min_chars=args.clause_min_chars,
         max_chars=args.max_chars,
         max_new_tokens=args.segment_max_new_tokens,
+        max_contexts=args.max_contexts,
     )
     return ServerSettings(
         session=session,

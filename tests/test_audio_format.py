@@ -29,7 +29,11 @@ def tone(n: int, hz: float = 440.0, rate: int = 24000, amp: float = 0.5) -> np.n
 
 
 def test_formats_and_aliases() -> None:
-    assert set(FORMATS) == {"pcm_s16le_24000", "pcm_f32le_24000", "pcm_s16le_16000", "pcm_s16le_8000", "ulaw_8000"}
+    assert set(FORMATS) == {
+        "pcm_s16le_24000", "pcm_f32le_24000", "pcm_s16le_16000", "pcm_s16le_8000", "ulaw_8000",
+        "pcm_s16le_22050", "pcm_s16le_32000", "pcm_s16le_44100", "pcm_s16le_48000",
+    }  # fmt: skip
+    assert get_format("pcm_48000").sample_rate == 48000
     assert get_format("pcm_s16le").name == "pcm_s16le_24000"
     assert get_format("pcm").name == "pcm_s16le_24000"
     assert get_format("pcm_f32le").sample_rate == 24000

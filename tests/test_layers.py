@@ -33,6 +33,9 @@ LAYERS: dict[str, int] = {
     "streamtts.server": 7,
     # entry points and the public face (cli, bench, sync, client, ...): may use everything
     "streamtts": 8,
+    # framework plugins (Pipecat, LiveKit): clients of the server built on streamtts.client
+    # (its sessions and contexts), so one step above the top-level modules
+    "streamtts.integrations": 9,
 }
 CORE_FORBIDDEN = ("threading", "ctypes", "asyncio", "onnx", "onnxruntime", "queue",
                   "concurrent", "multiprocessing", "socket", "tensorrt")

@@ -273,9 +273,9 @@ def test_openai_speech_pcm_and_sse(server: Any, local: Any) -> None:
 @pytest.mark.parametrize(
     "body,status,code",
     [
-        ({"input": "hi", "response_format": "mp3"}, 400, "invalid_request"),
-        ({"input": "hi", "speed": 2.0}, 400, "invalid_request"),
-        ({"input": "hi", "voice": "v_nope"}, 404, "unknown_voice"),
+        ({"input": "hi", "response_format": "ogg"}, 400, "invalid_format"),
+        ({"input": "hi", "speed": 5.0}, 400, "invalid_option"),
+        ({"input": "hi", "voice": "v_nope"}, 400, "unknown_voice"),
         ({"input": "..."}, 400, "invalid_text"),
         ({"model": "tts-1"}, 400, "invalid_request"),
         ({"input": 5}, 400, "invalid_request"),

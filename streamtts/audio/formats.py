@@ -74,6 +74,11 @@ FORMATS: dict[str, AudioFormat] = {
         AudioFormat("pcm_f32le_24000", "pcm_f32le", 24000),
         AudioFormat("pcm_s16le_16000", "pcm_s16le", 16000),
         AudioFormat("pcm_s16le_8000", "pcm_s16le", 8000),
+        # the other rates voice-agent pipelines run at (Pipecat, LiveKit, WebRTC)
+        AudioFormat("pcm_s16le_22050", "pcm_s16le", 22050),
+        AudioFormat("pcm_s16le_32000", "pcm_s16le", 32000),
+        AudioFormat("pcm_s16le_44100", "pcm_s16le", 44100),
+        AudioFormat("pcm_s16le_48000", "pcm_s16le", 48000),
         AudioFormat("ulaw_8000", "ulaw", 8000),
     )
 }
@@ -85,6 +90,10 @@ ALIASES = {
     "pcm_24000": "pcm_s16le_24000",
     "pcm_16000": "pcm_s16le_16000",
     "pcm_8000": "pcm_s16le_8000",
+    "pcm_22050": "pcm_s16le_22050",
+    "pcm_32000": "pcm_s16le_32000",
+    "pcm_44100": "pcm_s16le_44100",
+    "pcm_48000": "pcm_s16le_48000",
     "ulaw": "ulaw_8000",
     "mulaw_8000": "ulaw_8000",
 }

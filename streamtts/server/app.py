@@ -28,6 +28,7 @@ Routes::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -51,6 +52,7 @@ from .page import clip_from_body, favicon, info
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
 from .state import ServerSettings, ServerState
+from .voice_names import VoiceNames
 from .voice_store import redact_url
 from .voices import VoiceStore, open_shared_voices
 from .ws import websocket_endpoint
@@ -71,9 +73,17 @@ def create_app(
     ``own_engine``: close the engine when the app shuts down.
     """
     settings = (settings or ServerSettings()).validate()
+    names = VoiceNames(getattr(getattr(engine, "config", None), "voices", None))
+    # the names of the model's own voice mean "no reference" on the WebSocket too
+    session = dataclasses.replace(settings.session, own_voice_names=names.own)
+    settings = dataclasses.replace(settings, session=session)
 
     async def encode(data: bytes) -> Voice:
         v: Voice = await engine.encode_voice(data)
+        return v
+
+    async def encode_named(data: bytes, name: str) -> Voice:
+        v: Voice = await engine.encode_voice(data, name=name)
         return v
 
     vs = settings.voice_store
@@ -84,7 +94,7 @@ def create_app(
         recheck_s=vs.recheck_s,
         max_stored_bytes=vs.max_stored_bytes,
     )
-    state = ServerState(engine, settings, voices)
+    state = ServerState(engine, settings, voices, names)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -97,6 +107,7 @@ def create_app(
                 # The first generation pays one-off costs (thread start-up, ONNX session
                 # warm-up); pay them before the first client does.
                 await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
+            await names.load(encode_named)  # the config's `voices:` clips
             state.ready = True
             log.info("streamtts server ready (max %d sessions)", settings.max_sessions)
             try:

@@ -8,7 +8,7 @@ encodes server messages. Audio goes as binary frames, never as JSON.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -27,6 +27,7 @@ from ..errors import (
 __all__ = [
     "DECODER",
     "ENCODER",
+    "AudioHeader",
     "Cancel",
     "ClientMessage",
     "CloseCode",
@@ -35,6 +36,7 @@ __all__ = [
     "End",
     "Error",
     "ErrorCode",
+    "ContextId",
     "Flush",
     "Ready",
     "SegmentInfo",
@@ -45,6 +47,11 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+MAX_CONTEXT_ID_CHARS = 128
+
+# A client's name for one stream of its session (see docs/protocol.md, Contexts); absent = the
+# session's implicit context.
+ContextId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CONTEXT_ID_CHARS)]
 
 
 # -- client -> server ---------------------------------------------------------------------------
@@ -71,18 +78,27 @@ class Text(msgspec.Struct, tag="text", kw_only=True, forbid_unknown_fields=True)
 
     text: str
     flush: bool = False
+    context_id: ContextId | None = None
 
 
-class Flush(msgspec.Struct, tag="flush", forbid_unknown_fields=True):
+class Flush(msgspec.Struct, tag="flush", kw_only=True, forbid_unknown_fields=True):
     """Synthesise what is pending now, even if it is not a whole sentence yet."""
 
-
-class End(msgspec.Struct, tag="end", forbid_unknown_fields=True):
-    """No more text: finish speaking, send ``done``, close."""
+    context_id: ContextId | None = None
 
 
-class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):
-    """Stop now: abort generation, drop unsent audio, send ``done``, close."""
+class End(msgspec.Struct, tag="end", kw_only=True, forbid_unknown_fields=True):
+    """No more text: finish speaking, send ``done``, close (with a ``context_id``: that
+    context finishes and sends its ``done``; the session stays open)."""
+
+    context_id: ContextId | None = None
+
+
+class Cancel(msgspec.Struct, tag="cancel", kw_only=True, forbid_unknown_fields=True):
+    """Stop now: abort generation, drop unsent audio, send ``done``, close (with a
+    ``context_id``: only that context; the session stays open)."""
+
+    context_id: ContextId | None = None
 
 
 ClientMessage = Start | Text | Flush | End | Cancel
@@ -99,6 +115,7 @@ class Limits(msgspec.Struct, kw_only=True):
     max_text_chars: int  # per text message
     max_session_chars: int
     idle_timeout_s: float
+    max_contexts: int = 0  # named contexts open at once
 
 
 class Ready(msgspec.Struct, tag="ready", kw_only=True):
@@ -127,6 +144,7 @@ class SegmentInfo(msgspec.Struct, tag="segment", kw_only=True):
     end_s: float
     ttfa_ms: float | None  # this segment's own time to first audio (engine)
     finish_reason: str
+    context_id: str | None = None  # omitted for the implicit context
 
 
 class Done(msgspec.Struct, tag="done", kw_only=True):
@@ -137,15 +155,25 @@ class Done(msgspec.Struct, tag="done", kw_only=True):
     ttfa_ms: float | None  # first segment cut -> first audio byte queued for sending
     rtf: float | None  # wall time from first segment to last audio / audio seconds
     chars: int
+    context_id: str | None = None  # omitted for the session's own (final) done
 
 
 class Error(msgspec.Struct, tag="error", kw_only=True):
     code: str  # stable, see ErrorCode
     message: str  # readable, names what was wrong
     fatal: bool = False  # the server closes the connection after this message
+    context_id: str | None = None  # the context the refused message or failed segment was for
 
 
-ServerMessage = Ready | SegmentInfo | Done | Error
+class AudioHeader(msgspec.Struct, tag="audio", kw_only=True):
+    """Sent right before a binary frame of a named context: that frame is ``context_id``'s.
+    Binary frames of the implicit context have no header (clients without contexts see none)."""
+
+    context_id: str
+    bytes: int
+
+
+ServerMessage = Ready | SegmentInfo | Done | Error | AudioHeader
 
 ENCODER = msgspec.json.Encoder()
 
@@ -160,7 +188,9 @@ class ErrorCode:
     MESSAGE_TOO_LARGE = "message_too_large"
     TEXT_TOO_LONG = "text_too_long"  # one text message over max_text_chars
     SESSION_TEXT_LIMIT = "session_text_limit"  # the session's text over max_session_chars
-    TEXT_AFTER_END = "text_after_end"
+    TEXT_AFTER_END = "text_after_end"  # text after `end` (of the session or of that context)
+    CONTEXT_CLOSED = "context_closed"  # a context_id used again after its `done`
+    TOO_MANY_CONTEXTS = "too_many_contexts"  # a new context beyond the session's cap
     ALREADY_STARTED = "already_started"  # a start after the session began
     NOT_STARTED = "not_started"  # text after a refused start (send a corrected start)
     UNKNOWN_VOICE = "unknown_voice"
@@ -264,7 +294,12 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> Decoded:
 
 
 def encode(msg: ServerMessage) -> str:
-    """A server message as JSON text (text frames carry ``str``)."""
+    """A server message as JSON text (text frames carry ``str``). An absent ``context_id``
+    is left out, so clients that use no contexts see the messages they always saw."""
+    if getattr(msg, "context_id", "") is None:
+        obj = msgspec.to_builtins(msg)
+        del obj["context_id"]
+        return ENCODER.encode(obj).decode("utf-8")
     return ENCODER.encode(msg).decode("utf-8")
 
 

@@ -16,9 +16,17 @@ States::
 A refused `start` (or a message that may have been one: unreadable, too large)
 leaves the session idle until a corrected `start`; text before that is refused.
 
+**Contexts.** A session holds independent streams, its *contexts*: the implicit one (messages
+without a ``context_id``) and up to ``max_contexts`` named ones open at once. Each has its own
+segmenter, encoder, counts and ``done``, and shares the session's voice, format and options.
+A named context is opened by its first message, finished by ``end`` with its id (its ``done``
+follows its last audio) and stopped by ``cancel`` with its id (an :class:`Abort` for it alone,
+then its ``done``); the session goes on. Its id may not be used again after its ``done``.
+``end`` / ``cancel`` without an id still finish / stop the whole session (every context).
+
 Text is cut into segments by :class:`streamtts.text.segmenter.Segmenter`; each
 segment becomes a :class:`Synthesize` action. Audio comes back as float32 at
-24 kHz and is encoded here (one :class:`StreamEncoder` per session, so the
+24 kHz and is encoded here (one :class:`StreamEncoder` per context, so the
 resampler sees one continuous signal across segment joins).
 """
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -51,6 +60,7 @@ from ..text.segmenter import (
 )
 from .protocol import (
     PROTOCOL_VERSION,
+    AudioHeader,
     Cancel,
     CloseCode,
     Done,
@@ -100,6 +110,12 @@ class SessionSettings:
     clause_min_chars: int = DEFAULT_CLAUSE_MIN_CHARS
     max_chars: int = DEFAULT_MAX_CHARS
     max_new_tokens: int | None = None  # cap per segment (a client may ask for less)
+    max_contexts: int = 4  # named contexts open at once (each generates on its own)
+    # ids of finished named contexts remembered (a reused one is refused with context_closed)
+    remembered_contexts: int = 1024
+    # voice names that mean the model's own voice (no reference): `default`, or those the
+    # config's `voices:` table maps to null
+    own_voice_names: frozenset[str] = frozenset({"default"})
 
 
 # -- actions (outputs) ---------------------------------------------------------------------------
@@ -115,6 +131,8 @@ class SendText:
 class SendAudio:
     data: bytes
     seconds: float  # audio duration (send-buffer accounting)
+    context_id: str | None = None  # a named context's audio (dropped when it is cancelled)
+    header: str | None = None  # the `audio` message to send right before it (named contexts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,18 +145,24 @@ class Configure:
 
 @dataclass(frozen=True, slots=True)
 class Synthesize:
-    index: int
+    index: int  # within its context
     text: str
+    context_id: str | None = None  # None: the implicit context
 
 
 @dataclass(frozen=True, slots=True)
 class EndInput:
-    """No more segments will come."""
+    """No more segments will come (for this context)."""
+
+    context_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """Stop all generation now and drop audio not yet sent."""
+    """Stop generation now and drop audio not yet sent: of one named context, or (None)
+    of every context."""
+
+    context_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +191,22 @@ class _Numbers:
     segment_ttfa: list[float] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Context:
+    """One stream of the session: the implicit one (id None) or a named one."""
+
+    id: str | None
+    segmenter: Segmenter
+    encoder: StreamEncoder
+    n: _Numbers = field(default_factory=_Numbers)
+    ended: bool = False  # `end` received: EndInput sent, waiting for pipeline_finished
+    finished: bool = False  # the implicit context's pipeline is done (named ones are removed)
+
+    @property
+    def busy(self) -> bool:
+        return self.n.finished < self.n.segments
+
+
 class Session:
     """The protocol logic of one connection. Call the ``receive_*``/event methods,
     then :meth:`actions` to get what to do."""
@@ -185,10 +225,12 @@ class Session:
         self._clock = clock
         self.state: State = "idle"
         self.format: AudioFormat = get_format(self.settings.default_format)
-        self._encoder: StreamEncoder | None = None
-        self._segmenter: Segmenter | None = None
+        self._seg_cfg: SegmenterConfig | None = None
+        self._contexts: dict[str | None, _Context] = {}  # open (and the implicit one)
+        self._closed_ids: set[str] = set()  # finished named contexts (bounded, oldest dropped)
+        self._closed_order: deque[str] = deque()
         self._out: list[Action] = []
-        self.n = _Numbers()
+        self.n = _Numbers()  # the whole session (every context)
         self.close_code: int | None = None
         self.heard = False  # a first message (any frame) arrived
         self._start_refused = False
@@ -202,7 +244,17 @@ class Session:
     @property
     def busy(self) -> bool:
         """Segments are being generated (the session is not idle even if the client is quiet)."""
-        return self.n.finished < self.n.segments
+        return any(c.busy for c in self._contexts.values())
+
+    @property
+    def has_pending_text(self) -> bool:
+        """Some context holds text not yet cut into a segment (waiting for more)."""
+        return any(c.segmenter.pending.strip() for c in self._contexts.values())
+
+    @property
+    def open_contexts(self) -> list[str]:
+        """Ids of the named contexts open now (not yet done)."""
+        return [c for c in self._contexts if c is not None]
 
     @property
     def closed(self) -> bool:
@@ -214,7 +266,7 @@ class Session:
         text waiting for more (a drain may close the session now without losing anything)."""
         if self.state not in ("idle", "streaming") or self.busy:
             return False
-        return self._segmenter is None or not self._segmenter.pending.strip()
+        return not self.has_pending_text
 
     # -- client input ----------------------------------------------------------------------------
     def receive_text(self, data: str) -> None:
@@ -241,11 +293,17 @@ class Session:
         elif isinstance(msg, Text):
             self._on_text(msg)
         elif isinstance(msg, Flush):
-            self._on_flush()
+            self._on_flush(msg.context_id)
         elif isinstance(msg, End):
-            self._on_end()
+            if msg.context_id is None:
+                self._on_end()
+            else:
+                self._on_end_context(msg.context_id)
         elif isinstance(msg, Cancel):
-            self._on_cancel()
+            if msg.context_id is None:
+                self._on_cancel()
+            else:
+                self._on_cancel_context(msg.context_id)
 
     def receive_bytes(self, data: bytes) -> None:
         if self.closed:
@@ -258,28 +316,35 @@ class Session:
         )
 
     # -- I/O layer events ------------------------------------------------------------------------
-    def audio(self, pcm: npt.NDArray[np.float32], frames: int = 0) -> None:
-        """New audio from the pipeline (float32, 24 kHz, joins already faded)."""
-        if self.closed or self._encoder is None:
+    def audio(
+        self, pcm: npt.NDArray[np.float32], frames: int = 0, context_id: str | None = None
+    ) -> None:
+        """New audio from a context's pipeline (float32, 24 kHz, joins already faded)."""
+        ctx = self._contexts.get(context_id)
+        if self.closed or ctx is None or ctx.finished:
             return
-        self.n.frames += frames
-        self.n.samples_in += int(pcm.shape[0])
-        data = self._encoder.encode(pcm)
-        if data:
-            now = self._clock()
-            if self.n.t_first_audio is None:
-                self.n.t_first_audio = now
-            self.n.t_last_audio = now
-            self._out.append(SendAudio(data, len(data) / self.format.bytes_per_second))
+        for n in (ctx.n, self.n):
+            n.frames += frames
+            n.samples_in += int(pcm.shape[0])
+        self._send_audio(ctx, ctx.encoder.encode(pcm))
 
     def segment_done(
-        self, index: int, text: str, start_frame: int, frames: int, stats: StreamStats | None
+        self,
+        index: int,
+        text: str,
+        start_frame: int,
+        frames: int,
+        stats: StreamStats | None,
+        context_id: str | None = None,
     ) -> None:
-        if self.closed:
+        ctx = self._contexts.get(context_id)
+        if self.closed or ctx is None or ctx.finished:
             return
+        ctx.n.finished += 1
         self.n.finished += 1
         ttfa = stats.ttfa_s if stats is not None else float("nan")
         if ttfa == ttfa:
+            ctx.n.segment_ttfa.append(ttfa)
             self.n.segment_ttfa.append(ttfa)
         self._send(
             SegmentInfo(
@@ -291,31 +356,38 @@ class Session:
                 end_s=round((start_frame + frames) / FRAME_RATE, 3),
                 ttfa_ms=round(1000 * ttfa, 2) if ttfa == ttfa else None,
                 finish_reason=stats.finish_reason if stats is not None else "",
+                context_id=context_id,
             )
         )
 
-    def segment_failed(self, index: int, text: str, exc: BaseException) -> None:
-        if self.closed:
+    def segment_failed(
+        self, index: int, text: str, exc: BaseException, context_id: str | None = None
+    ) -> None:
+        ctx = self._contexts.get(context_id)
+        if self.closed or ctx is None or ctx.finished:
             return
+        ctx.n.finished += 1
         self.n.finished += 1
         code, fatal, close = error_for_exception(exc)
         if not fatal:
-            self._error(code, f"segment {index} ({_clip(text)!r}) was skipped: {exc}")
+            self._error(code, f"segment {index} ({_clip(text)!r}) was skipped: {exc}", context_id)
             return
         if code == ErrorCode.INTERNAL_ERROR:
             log.error("session %s: segment %d failed", self.id, index, exc_info=exc)
         self._fatal(code, f"segment {index} failed: {exc}", close)
 
-    def pipeline_finished(self) -> None:
-        """Every segment is done and no more will come (after ``end``)."""
-        if self.state != "ended":
+    def pipeline_finished(self, context_id: str | None = None) -> None:
+        """Every segment of the context is done and no more will come (after its ``end``)."""
+        ctx = self._contexts.get(context_id)
+        if self.closed or ctx is None or not ctx.ended or ctx.finished:
             return
-        if self._encoder is not None:
-            tail = self._encoder.flush()
-            if tail:
-                self._out.append(SendAudio(tail, len(tail) / self.format.bytes_per_second))
-        self._send(self._done("end"))
-        self._close(CloseCode.NORMAL, "done")
+        self._send_audio(ctx, ctx.encoder.flush())
+        if context_id is None:
+            ctx.finished = True  # its numbers are the session's: reported in the final done
+        else:
+            self._send(self._done("end", ctx.n, context_id))
+            self._forget(context_id)
+        self._maybe_finish()
 
     def idle_timeout(self) -> None:
         """No client message for ``idle_timeout_s`` while nothing was being generated."""
@@ -397,14 +469,18 @@ class Session:
         self._start_refused = not self._begin(msg)
 
     def _on_text(self, msg: Text) -> None:
+        cid = msg.context_id
         if self.state in ("ended", "closed"):
-            self._error(ErrorCode.TEXT_AFTER_END, "text after `end` is ignored; open a new session")
+            self._error(
+                ErrorCode.TEXT_AFTER_END, "text after `end` is ignored; open a new session", cid
+            )
             return
         if len(msg.text) > self.settings.max_text_chars:
             self._error(
                 ErrorCode.TEXT_TOO_LONG,
                 f"text message is {len(msg.text)} characters; the limit per message is "
                 f"{self.settings.max_text_chars} (split it)",
+                cid,
             )
             return
         if self.n.chars + len(msg.text) > self.settings.max_session_chars:
@@ -412,39 +488,137 @@ class Session:
                 ErrorCode.SESSION_TEXT_LIMIT,
                 f"the session's text would exceed {self.settings.max_session_chars} characters; "
                 "this text is ignored (end the session and open a new one)",
+                cid,
             )
             return
         if self.state == "idle" and not self._implicit_start():
             return
+        ctx = self._context(cid)
+        if ctx is None:
+            return
+        if ctx.ended:
+            self._error(
+                ErrorCode.TEXT_AFTER_END,
+                f"text after `end` of context {cid!r} is ignored; use a new context_id",
+                cid,
+            )
+            return
         self.n.chars += len(msg.text)
-        assert self._segmenter is not None
-        self._submit(self._segmenter.feed(msg.text))
+        ctx.n.chars += len(msg.text)
+        self._submit(ctx, ctx.segmenter.feed(msg.text))
         if msg.flush:
-            self._submit(self._segmenter.flush())
+            self._submit(ctx, ctx.segmenter.flush())
 
-    def _on_flush(self) -> None:
+    def _on_flush(self, cid: str | None) -> None:
         if self.state in ("ended", "closed"):
             return
         if self.state == "idle" and not self._implicit_start():
             return
-        assert self._segmenter is not None
-        self._submit(self._segmenter.flush())
+        ctx = self._context(cid)
+        if ctx is None or ctx.ended:
+            return
+        self._submit(ctx, ctx.segmenter.flush())
 
     def _on_end(self) -> None:
+        """`end` of the session: every context finishes, then the final `done` and the close."""
         if self.state in ("ended", "closed"):
             return
-        self._on_flush()
-        if self.state in ("idle", "closed"):  # the implicit start was refused
+        if self.state == "idle" and not self._implicit_start():
             return
         self.state = "ended"
-        self._out.append(EndInput())
+        for ctx in list(self._contexts.values()):
+            self._end_context(ctx)
+        self._maybe_finish()
+
+    def _on_end_context(self, cid: str) -> None:
+        if self.state in ("ended", "closed"):
+            return
+        if self.state == "idle" and not self._implicit_start():
+            return
+        ctx = self._context(cid)
+        if ctx is not None:
+            self._end_context(ctx)
 
     def _on_cancel(self) -> None:
+        """`cancel` of the session: every context stops, each named one gets its `done`."""
         if self.closed:
             return
         self._out.append(Abort())
-        self._send(self._done("cancelled"))
+        for cid, ctx in list(self._contexts.items()):
+            if cid is not None:
+                self._send(self._done("cancelled", ctx.n, cid))
+                self._forget(cid)
+        self._send(self._done("cancelled", self.n))
         self._close(CloseCode.NORMAL, "cancelled")
+
+    def _on_cancel_context(self, cid: str) -> None:
+        """`cancel` of one named context: its generation stops, its unsent audio is dropped,
+        its `done` follows; the session and its other contexts go on. A context already done
+        is left alone (the client's cancel crossed the `done`)."""
+        if self.closed or cid in self._closed_ids:
+            return
+        ctx = self._contexts.get(cid)
+        n = _Numbers() if ctx is None else ctx.n
+        if ctx is not None:
+            self._out.append(Abort(cid))
+        self._send(self._done("cancelled", n, cid))
+        self._forget(cid)
+        self._maybe_finish()
+
+    # -- contexts --------------------------------------------------------------------------------
+    def _context(self, cid: str | None) -> _Context | None:
+        """The context ``cid`` (opened now if new); None, with an error sent, when it cannot be:
+        finished already, or one context over the cap."""
+        ctx = self._contexts.get(cid)
+        if ctx is not None:
+            return ctx
+        if cid is not None:
+            if cid in self._closed_ids:
+                self._error(
+                    ErrorCode.CONTEXT_CLOSED,
+                    f"context {cid!r} has finished (its `done` was sent); use a new context_id",
+                    cid,
+                )
+                return None
+            cap = self.settings.max_contexts
+            if len(self.open_contexts) >= cap:
+                self._error(
+                    ErrorCode.TOO_MANY_CONTEXTS,
+                    f"this session already has {cap} contexts open (the limit); end or cancel "
+                    "one first",
+                    cid,
+                )
+                return None
+        assert self._seg_cfg is not None
+        ctx = _Context(cid, Segmenter(self._seg_cfg), StreamEncoder(self.format))
+        self._contexts[cid] = ctx
+        return ctx
+
+    def _end_context(self, ctx: _Context) -> None:
+        if ctx.ended:
+            return
+        self._submit(ctx, ctx.segmenter.flush())
+        ctx.ended = True
+        self._out.append(EndInput(ctx.id))
+
+    def _forget(self, cid: str) -> None:
+        """A named context is done: drop it, remember its id (bounded)."""
+        self._contexts.pop(cid, None)
+        if cid in self._closed_ids:
+            return
+        self._closed_ids.add(cid)
+        self._closed_order.append(cid)
+        while len(self._closed_order) > self.settings.remembered_contexts:
+            self._closed_ids.discard(self._closed_order.popleft())
+
+    def _maybe_finish(self) -> None:
+        """After the session's `end`: once every context is done, the final `done` and close."""
+        if self.state != "ended":
+            return
+        if any(c.id is not None or not c.finished for c in self._contexts.values()):
+            return
+        self._send(self._done("end", self.n))
+        self._close(CloseCode.NORMAL, "done")
 
     # -- helpers ---------------------------------------------------------------------------------
     def _implicit_start(self) -> bool:
@@ -458,6 +632,14 @@ class Session:
             return False
         return self._begin(Start())
 
+    def _lookup_voice(self, name: str) -> tuple[bool, Voice | None]:
+        """(known, reference): a voice id or configured name; a name of the model's own voice
+        is known with no reference."""
+        if name in self.settings.own_voice_names:
+            return True, None
+        ref = self._voices(name)
+        return ref is not None, ref
+
     def _begin(self, msg: Start) -> bool:
         """Validate the settings, emit Configure + ready; False (and an error) if unusable."""
         s = self.settings
@@ -469,11 +651,11 @@ class Session:
         reference: Voice | None = None
         if msg.voice is not None:
             try:
-                reference = self._voices(msg.voice)
+                known, reference = self._lookup_voice(msg.voice)
             except VoiceStoreUnavailableError as exc:
                 self._error(ErrorCode.VOICE_STORE_UNAVAILABLE, f"{exc}; try again shortly")
                 return False
-            if reference is None:
+            if not known:
                 self._error(
                     ErrorCode.UNKNOWN_VOICE,
                     f"no voice {msg.voice!r} on this server (voices are cached for a while: upload it again with POST /v1/voices)",
@@ -493,8 +675,8 @@ class Session:
             self._error(ErrorCode.INVALID_OPTION, str(exc))
             return False
         self.format = fmt
-        self._encoder = StreamEncoder(fmt)
-        self._segmenter = Segmenter(seg_cfg)
+        self._seg_cfg = seg_cfg
+        self._contexts[None] = _Context(None, Segmenter(seg_cfg), StreamEncoder(fmt))
         self.state = "streaming"
         self._out.append(Configure(reference, options))
         self._send(
@@ -515,6 +697,7 @@ class Session:
                     max_text_chars=s.max_text_chars,
                     max_session_chars=s.max_session_chars,
                     idle_timeout_s=s.idle_timeout_s,
+                    max_contexts=s.max_contexts,
                 ),
             )
         )
@@ -532,15 +715,29 @@ class Session:
             normalize=msg.normalize,
         )
 
-    def _submit(self, segments: list[str]) -> None:
+    def _submit(self, ctx: _Context, segments: list[str]) -> None:
         for text in segments:
-            if self.n.t_first_segment is None:
-                self.n.t_first_segment = self._clock()
-            self._out.append(Synthesize(self.n.segments, text))
+            now = self._clock()
+            for n in (ctx.n, self.n):
+                if n.t_first_segment is None:
+                    n.t_first_segment = now
+            self._out.append(Synthesize(ctx.n.segments, text, ctx.id))
+            ctx.n.segments += 1
             self.n.segments += 1
 
-    def _done(self, reason: str) -> Done:
-        n = self.n
+    def _send_audio(self, ctx: _Context, data: bytes) -> None:
+        if not data:
+            return
+        now = self._clock()
+        for n in (ctx.n, self.n):
+            if n.t_first_audio is None:
+                n.t_first_audio = now
+            n.t_last_audio = now
+        cid = ctx.id
+        header = None if cid is None else encode(AudioHeader(context_id=cid, bytes=len(data)))
+        self._out.append(SendAudio(data, len(data) / self.format.bytes_per_second, cid, header))
+
+    def _done(self, reason: str, n: _Numbers, context_id: str | None = None) -> Done:
         audio_s = n.frames / FRAME_RATE
         ttfa = None
         rtf = None
@@ -556,6 +753,7 @@ class Session:
             ttfa_ms=ttfa,
             rtf=rtf,
             chars=n.chars,
+            context_id=context_id,
         )
 
     def _refuse(self, err: Error, may_be_start: bool) -> None:
@@ -570,8 +768,8 @@ class Session:
         code = msg.code if isinstance(msg, Error) else None
         self._out.append(SendText(encode(msg), code))
 
-    def _error(self, code: str, message: str) -> None:
-        self._send(Error(code=code, message=message))
+    def _error(self, code: str, message: str, context_id: str | None = None) -> None:
+        self._send(Error(code=code, message=message, context_id=context_id))
 
     def _fatal(self, code: str, message: str, close_code: int) -> None:
         self._out.append(Abort())

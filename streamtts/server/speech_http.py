@@ -2,14 +2,14 @@
 
 Accepts OpenAI's request body (``model``, ``input``, ``voice``,
 ``instructions``, ``response_format``, ``speed``, ``stream_format``) plus our
-``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: ``pcm``
-(24 kHz s16le, as OpenAI's), ``wav`` (24 kHz s16le with a streaming header
-whose sizes are 0xFFFFFFFF, as OpenAI's), or any name of
-:data:`streamtts.audio.formats.FORMATS`. ``mp3``/``opus``/``aac``/``flac``
-are refused with 400 (no encoders in the serving path). ``stream_format:
-"sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
-``speech.audio.done``. ``voice``: an id from ``POST /v1/voices``, or one of
-OpenAI's voice names / ``default`` for the model's own voice.
+``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: every
+one of OpenAI's (``mp3``, the default, ``opus``, ``aac``, ``flac``, ``wav``, ``pcm``)
+streamed as it is produced (openai_formats.py), or any name of
+:data:`streamtts.audio.formats.FORMATS`. ``speed`` 0.25 to 4.0 (FFmpeg's ``atempo``).
+``stream_format: "sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
+``speech.audio.done``. ``voice``: a name of the config's ``voices:`` table (by default
+OpenAI's names, the model's own voice; voice_names.py) or an id from ``POST /v1/voices``.
+``instructions`` go to the prompt's instruction field.
 
 Long input is cut by the same segmenter as the WebSocket and spoken by the
 same pipeline (one voice, clean joins). Errors before the first audio get a
@@ -32,9 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
-from ..audio.formats import AudioFormat, StreamEncoder, get_format, wav_header
 from ..config import SamplingParams
-from ..constants import FRAME_RATE
+from ..constants import FRAME_RATE, SAMPLE_RATE
 from ..engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -47,6 +46,13 @@ from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
 from .drain import RETRY_AFTER_S, HttpStream
 from .logs import REFUSALS
+from .openai_formats import (
+    SpeechFormat,
+    SpeechOutput,
+    SpeechRequestError,
+    check_speed,
+    resolve_format,
+)
 from .protocol import ErrorCode, error_for_exception, request_limits
 from .state import ServerState
 
@@ -54,18 +60,13 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SpeechRequest", "speech_endpoint"]
 
-OPENAI_VOICES = frozenset(
-    "default alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split()
-)
-UNSUPPORTED = frozenset({"mp3", "opus", "aac", "flac"})
-
 
 class SpeechRequest(msgspec.Struct, kw_only=True):
     input: str
     model: str = "streamtts"
     voice: str | None = None
     instructions: str | None = None
-    response_format: str = "wav"  # OpenAI's default is mp3, which we cannot produce
+    response_format: str = "mp3"  # OpenAI's default
     speed: float = 1.0
     stream_format: str = "audio"
     # ours
@@ -76,11 +77,15 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
 
 
 def error_response(
-    status: int, code: str, message: str, kind: str = "invalid_request_error"
+    status: int,
+    code: str,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
 ) -> JSONResponse:
-    """OpenAI's error shape, with our stable code."""
+    """OpenAI's error shape, with our stable code (and the request field at fault)."""
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": None, "code": code}},
+        {"error": {"message": message, "type": kind, "param": param, "code": code}},
         status_code=status,
     )
 
@@ -149,19 +154,19 @@ async def speech_endpoint(request: Request) -> Response:
         return body
     try:
         req = msgspec.json.decode(body, type=SpeechRequest)
-        fmt, wav, sse = _format(req)
-        if req.voice is not None and req.voice not in OPENAI_VOICES:
+        fmt, sse = _format(req)
+        if req.voice is not None and req.voice not in state.voice_names:
             await state.voices.fetch(req.voice)  # into this replica's cache (shared store)
         options, reference = _options(req, state)
+    except SpeechRequestError as exc:  # a field we cannot honour: 400 naming it
+        m.errors_total.inc(code=exc.code)
+        return error_response(exc.status, exc.code, str(exc), param=exc.param)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:  # ConfigError too
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
         return error_response(400, ErrorCode.INVALID_REQUEST, str(exc))
     except RecursionError:  # msgspec's guard against deep nesting
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
         return error_response(400, ErrorCode.INVALID_REQUEST, "the JSON body is nested too deeply")
-    except LookupError as exc:
-        m.errors_total.inc(code=ErrorCode.UNKNOWN_VOICE)
-        return error_response(404, ErrorCode.UNKNOWN_VOICE, str(exc.args[0]))
     except VoiceStoreUnavailableError as exc:
         m.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
         return error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
@@ -238,20 +243,13 @@ async def speech_endpoint(request: Request) -> Response:
             "server_error" if code not in _STATUS else "invalid_request_error",
         )
     drained = HttpStream()  # what the drain sees of this stream (drain.py)
-    body_iter = _body(state, events, first, fmt, wav, sse, release, drained, req.input)
-    media = (
-        "text/event-stream"
-        if sse
-        else (
-            "audio/wav"
-            if wav
-            else ("audio/pcm" if fmt.name == "pcm_s16le_24000" else fmt.mime_type)
-        )
-    )
+    output = SpeechOutput(fmt, req.speed)
+    body_iter = _body(state, events, first, output, sse, release, drained, req.input)
+    media = "text/event-stream" if sse else fmt.mime_type
     headers = {
         "Cache-Control": "no-store",
         "X-Sample-Rate": str(fmt.sample_rate),
-        "X-Audio-Format": fmt.name,
+        "X-Audio-Format": fmt.raw.name if fmt.raw is not None else fmt.name,
     }
     return _StreamingSpeech(
         body_iter,
@@ -263,28 +261,25 @@ async def speech_endpoint(request: Request) -> Response:
     )
 
 
-def _format(req: SpeechRequest) -> tuple[AudioFormat, bool, bool]:
-    if req.speed != 1.0:
-        raise ValueError(f"speed {req.speed} is not supported (only 1.0)")
+def _format(req: SpeechRequest) -> tuple[SpeechFormat, bool]:
+    check_speed(req.speed)
     if req.stream_format not in ("audio", "sse"):
-        raise ValueError(f"stream_format must be 'audio' or 'sse', got {req.stream_format!r}")
-    rf = req.response_format
-    if rf in UNSUPPORTED:
-        raise ValueError(
-            f"response_format {rf!r} is not supported; use pcm, wav or one of the raw formats"
+        raise SpeechRequestError(
+            ErrorCode.INVALID_REQUEST,
+            "stream_format",
+            f"stream_format must be 'audio' or 'sse', got {req.stream_format!r}",
         )
-    if rf == "wav":
-        return get_format("pcm_s16le_24000"), True, req.stream_format == "sse"
-    return get_format(rf), False, req.stream_format == "sse"
+    sse = req.stream_format == "sse"
+    return resolve_format(req.response_format, sse), sse
 
 
 def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voice | None]:
     reference: Voice | None = None
-    if req.voice is not None and req.voice not in OPENAI_VOICES:
-        reference = state.voices.get(req.voice)
-        if reference is None:
-            raise LookupError(
-                f"no voice {req.voice!r} on this server (upload it with POST /v1/voices)"
+    if req.voice is not None:
+        known, reference = state.lookup_voice(req.voice)
+        if not known:
+            raise SpeechRequestError(
+                ErrorCode.UNKNOWN_VOICE, "voice", state.voice_names.unknown_message(req.voice)
             )
     mnt = request_limits(req.max_new_tokens, req.seed, state.settings.session.max_new_tokens)
     sampling = req.sampling.validate() if req.sampling is not None else None
@@ -316,19 +311,16 @@ async def _body(
     state: ServerState,
     events: AsyncGenerator[SegmentEvent, None],
     first: SegmentEvent,
-    fmt: AudioFormat,
-    wav: bool,
+    output: SpeechOutput,
     sse: bool,
     release: Any,
     drained: HttpStream,
     text: str = "",
 ) -> AsyncIterator[bytes]:
     m = state.metrics
-    enc = StreamEncoder(fmt)
     frames = 0
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-
     def out(data: bytes) -> bytes:
         if not sse:
             return data
@@ -336,16 +328,15 @@ async def _body(
         return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64})}\n\n".encode()
 
     state.drain.add(drained)
+    finished = False
     try:
-        if wav and not sse:  # SSE events carry audio only; a header is no audio
-            yield out(wav_header(fmt.sample_rate, fmt.encoding))
         ev: SegmentEvent | None = first
         while ev is not None:
             if isinstance(ev, SegmentAudio):
                 frames += ev.frames
-                data = enc.encode(ev.pcm)
+                data = await output.feed(ev.pcm)
+                m.audio_seconds_total.inc(ev.pcm.shape[0] / SAMPLE_RATE)
                 if data:
-                    m.audio_seconds_total.inc(len(data) / fmt.bytes_per_second)
                     yield out(data)
             elif isinstance(ev, SegmentDone):
                 m.segments_total.inc()
@@ -368,7 +359,8 @@ async def _body(
                 }
                 yield f"data: {json.dumps(err)}\n\n".encode()
             return
-        tail = enc.flush()
+        tail = await output.finish()
+        finished = True
         if tail:
             yield out(tail)
         if frames:
@@ -382,9 +374,15 @@ async def _body(
             yield f"data: {json.dumps(done)}\n\n".encode()
     finally:
         state.drain.discard(drained)
-        with contextlib.suppress(Exception):
-            await events.aclose()
-        release()
+        # A client that leaves cancels this inside an anyio cancel scope, which cancels every
+        # await from here on again: the slot is released whatever the awaits do.
+        try:
+            if not finished:
+                output.close()
+            with contextlib.suppress(Exception):
+                await events.aclose()
+        finally:
+            release()
 
 
 async def _next_unless_cut(

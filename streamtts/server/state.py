@@ -10,10 +10,12 @@ from urllib.parse import urlsplit
 
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from ..errors import ConfigError
+from ..request import Voice
 from .drain import Drain
 from .metrics import ServerMetrics
 from .protocol import ErrorCode
 from .session import SessionSettings
+from .voice_names import VoiceNames
 from .voice_store import VoiceStoreSettings
 from .voices import VoiceStore
 
@@ -68,16 +70,25 @@ class ServerSettings:
         if self.drain_timeout_s <= 0:
             raise ConfigError(f"drain_timeout_s must be > 0, got {self.drain_timeout_s}")
         self.voice_store.validate()
+        if self.session.max_contexts < 1:
+            raise ConfigError(f"max_contexts must be >= 1, got {self.session.max_contexts}")
         return self
 
 
 class ServerState:
     """What every request sees: the engine, the voices, the metrics, the session count."""
 
-    def __init__(self, engine: Any, settings: ServerSettings, voices: VoiceStore) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        settings: ServerSettings,
+        voices: VoiceStore,
+        voice_names: VoiceNames | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.voices = voices
+        self.voice_names = voice_names or VoiceNames()
         self.metrics = ServerMetrics(
             lambda: engine.active_streams,
             lambda: engine.queued_streams,
@@ -122,6 +133,19 @@ class ServerState:
                 "sessions open (the limit per address); close one or try again later"
             )
         return f"the server is at its limit of {self.settings.max_sessions} sessions; try again later"
+
+    # -- voices ---------------------------------------------------------------------------------
+    def named_voice(self, name: str) -> Voice | None:
+        """A configured name's clip, else an uploaded voice id's voice (None: neither)."""
+        return self.voice_names.get(name) or self.voices.get(name)
+
+    def lookup_voice(self, name: str) -> tuple[bool, Voice | None]:
+        """(known, reference) for a request's ``voice``: a name of the model's own voice is
+        known without a reference."""
+        if name in self.voice_names.own:
+            return True, None
+        ref = self.named_voice(name)
+        return ref is not None, ref
 
     # -- access checks -------------------------------------------------------------------------
     def token_ok(self, headers: Any, query: Any) -> bool:

@@ -1,11 +1,13 @@
 """The ``/v1/stream`` WebSocket endpoint: thin asyncio I/O around :class:`Session`.
 
-Three tasks per connection:
+Tasks per connection:
 
 * *receiver*: reads frames, feeds the session, enforces the first-message and idle timeouts;
-* *runner*: iterates the speech pipeline (:class:`SegmentedSpeech`) and feeds
-  its audio and segment events to the session;
-* *sender*: writes the outbox (every frame, in order) to the socket.
+* one *runner* per context (the implicit one, and each named one the client opens): iterates
+  that context's speech pipeline (:class:`SegmentedSpeech`) and feeds its audio and segment
+  events to the session; cancelling a context cancels its runner alone;
+* *sender*: writes the outbox (every frame, in order) to the socket; a named context's audio
+  frame goes right after its ``audio`` header message.
 
 The outbox is bounded in audio seconds (``send_buffer_s``). When it is full
 the runner waits (and with it the generation: the engine's own backpressure
@@ -25,6 +27,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -32,7 +35,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..constants import FRAME_RATE
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
 from ..errors import VoiceStoreUnavailableError
-from ..request import Voice
+from ..request import StreamOptions, Voice
 from .drain import refuse_websocket
 from .hosts import deny_websocket
 from .logs import REFUSALS
@@ -57,6 +60,17 @@ __all__ = ["Outbox", "websocket_endpoint"]
 _CLOSE_TIMEOUT_S = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class ContextFrame:
+    """An audio frame of a named context: its ``audio`` header message, then its bytes."""
+
+    header: str
+    data: bytes
+
+
+Item = str | bytes | ContextFrame | Close
+
+
 class Outbox:
     """Frames waiting for the sender; audio bounded by ``limit_s`` seconds.
 
@@ -75,7 +89,7 @@ class Outbox:
         self.limit_s = limit_s
         self.min_rate = min_rate
         self._clock = clock
-        self._items: deque[tuple[str | bytes | Close, float]] = deque()
+        self._items: deque[tuple[Item, float, str | None]] = deque()  # (item, seconds, context)
         self.audio_s = 0.0  # audio seconds queued
         self.sent_s = 0.0  # audio seconds taken by the sender so far
         self._audio_items = 0
@@ -88,9 +102,9 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: str | bytes | Close, seconds: float = 0.0) -> None:
-        self._items.append((item, seconds))
-        if isinstance(item, bytes):
+    def put(self, item: Item, seconds: float = 0.0, context_id: str | None = None) -> None:
+        self._items.append((item, seconds, context_id))
+        if isinstance(item, (bytes, ContextFrame)):
             self._audio_items += 1
             self.audio_s += seconds
             if self._backlog_since is None:
@@ -99,12 +113,12 @@ class Outbox:
                 self._room.clear()
         self._ready.set()
 
-    async def get(self) -> str | bytes | Close:
+    async def get(self) -> Item:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
-        item, seconds = self._items.popleft()
-        if isinstance(item, bytes):
+        item, seconds, _ = self._items.popleft()
+        if isinstance(item, (bytes, ContextFrame)):
             self._audio_items -= 1
             self.audio_s -= seconds
             self.sent_s += seconds
@@ -132,10 +146,23 @@ class Outbox:
                 await asyncio.wait_for(self._room.wait(), max(0.01, left))
         return True
 
-    def drop_audio(self) -> None:
-        """Abort: audio not yet sent is discarded (messages stay, in order)."""
-        self._items = deque(it for it in self._items if not isinstance(it[0], bytes))
-        self._reset()
+    def drop_audio(self, context_id: str | None = None) -> None:
+        """Abort: audio not yet sent is discarded (messages stay, in order): every context's,
+        or (``context_id``) one named context's."""
+        if context_id is None:
+            self._items = deque(it for it in self._items if not _is_audio(it[0]))
+            self._reset()
+            return
+        self._items = deque(
+            it for it in self._items if not (_is_audio(it[0]) and it[2] == context_id)
+        )
+        audio = [it[1] for it in self._items if _is_audio(it[0])]
+        self._audio_items = len(audio)
+        self.audio_s = sum(audio)
+        if not audio:
+            self._backlog_since = None
+        if self.audio_s < self.limit_s:
+            self._room.set()
 
     def clear(self) -> None:
         self._items.clear()
@@ -155,6 +182,10 @@ class _VoicePeek(msgspec.Struct):
     voice: str | None = None
 
 
+def _is_audio(item: Item) -> bool:
+    return isinstance(item, (bytes, ContextFrame))
+
+
 class WsConnection:
     kind = "ws"
 
@@ -167,8 +198,11 @@ class WsConnection:
         self._voice_errors: dict[str, VoiceStoreUnavailableError] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
-        self.pipeline: SegmentedSpeech | None = None
-        self.runner: asyncio.Task[None] | None = None
+        # one speech pipeline and runner task per context (None: the implicit one)
+        self.pipelines: dict[str | None, SegmentedSpeech] = {}
+        self.runners: dict[str | None, asyncio.Task[None]] = {}
+        self._reference: Voice | None = None  # from `start`, else the first voice a context fixed
+        self._options = StreamOptions()
         self.sender: asyncio.Task[None] | None = None
         self.receiver: asyncio.Task[None] | None = None
         self.urgent_close: Close | None = None
@@ -186,7 +220,7 @@ class WsConnection:
         finally:
             # Stop generating first: a disconnect must free the engine slot right away.
             self.session.connection_lost()
-            await self._stop_runner()
+            await self._stop_runners()
             for t in (self.sender, self.receiver):
                 t.cancel()
             await asyncio.gather(self.sender, self.receiver, return_exceptions=True)
@@ -264,7 +298,7 @@ class WsConnection:
         err = self._voice_errors.pop(voice_id, None)
         if err is not None:
             raise err
-        return self.state.voices.get(voice_id)
+        return self.state.named_voice(voice_id)  # a configured name, or a voice fetched already
 
     @property
     def quiet(self) -> bool:
@@ -294,6 +328,9 @@ class WsConnection:
                     return
                 if isinstance(item, bytes):
                     await self.ws.send_bytes(item)
+                elif isinstance(item, ContextFrame):
+                    await self.ws.send_text(item.header)
+                    await self.ws.send_bytes(item.data)
                 else:
                     await self.ws.send_text(item)
         except (WebSocketDisconnect, OSError, RuntimeError) as exc:
@@ -304,23 +341,48 @@ class WsConnection:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ws.close(close.code, close.reason), _CLOSE_TIMEOUT_S)
 
-    # -- the speech pipeline ------------------------------------------------------------------
-    async def _run_pipeline(self, pipeline: SegmentedSpeech) -> None:
+    # -- the speech pipelines (one per context) ------------------------------------------------
+    def _pipeline(self, cid: str | None) -> SegmentedSpeech:
+        """The context's pipeline, started with its runner on first use. It speaks in the
+        session's voice: the `start` voice, or else the first one a context's audio fixed."""
+        p = self.pipelines.get(cid)
+        if p is not None:
+            return p
+        if self._reference is None:
+            self._reference = next(
+                (q.reference for q in self.pipelines.values() if q.reference is not None), None
+            )
+        p = SegmentedSpeech(
+            self.state.engine,
+            reference=self._reference,
+            options=self._options,
+            lookahead=self.settings.lookahead,
+            continuity_frames=self.settings.continuity_frames,
+            fade_ms=self.settings.fade_ms,
+        )
+        self.pipelines[cid] = p
+        name = f"ws-run-{self.session.id}" + ("" if cid is None else f"-{cid}")
+        self.runners[cid] = asyncio.create_task(self._run_pipeline(p, cid), name=name)
+        return p
+
+    async def _run_pipeline(self, pipeline: SegmentedSpeech, cid: str | None) -> None:
         session = self.session
         try:
             async with contextlib.aclosing(pipeline.events()) as events:
                 async for ev in events:
                     if isinstance(ev, SegmentAudio):
-                        session.audio(ev.pcm, ev.frames)
+                        session.audio(ev.pcm, ev.frames, cid)
                     elif isinstance(ev, SegmentDone):
-                        session.segment_done(ev.index, ev.text, ev.start_frame, ev.frames, ev.stats)
+                        session.segment_done(
+                            ev.index, ev.text, ev.start_frame, ev.frames, ev.stats, cid
+                        )
                         self.state.metrics.segments_total.inc()
                     elif isinstance(ev, SegmentFailed):
-                        session.segment_failed(ev.index, ev.text, ev.error)
+                        session.segment_failed(ev.index, ev.text, ev.error, cid)
                     await self._apply(session.actions())
                     if session.closed:
                         return
-            session.pipeline_finished()
+            session.pipeline_finished(cid)
             await self._apply(session.actions())
         except asyncio.CancelledError:
             raise
@@ -328,13 +390,29 @@ class WsConnection:
             log.exception("session %s: pipeline failed", session.id)
             session.internal_error(exc)
             await self._apply(session.actions())
+        finally:
+            if cid is not None and self.pipelines.get(cid) is pipeline:
+                if pipeline.reference is not None and self._reference is None:
+                    self._reference = pipeline.reference
+                del self.pipelines[cid]  # a finished named context leaves nothing behind
+                self.runners.pop(cid, None)
 
-    async def _stop_runner(self) -> None:
-        r = self.runner
-        if r is None or r.done() or r is asyncio.current_task():
-            return
-        r.cancel()
-        await asyncio.gather(r, return_exceptions=True)
+    async def _stop_runners(self, cid: str | None = None, *, every: bool = True) -> None:
+        """Cancel the runner of context ``cid``, or (``every``) of every context; returns once
+        they have stopped: their generations are aborted before the engine's next step."""
+        keys = list(self.runners) if every else [cid]
+        tasks = []
+        for k in keys:
+            r = self.runners.get(k)
+            if r is None or r.done() or r is asyncio.current_task():
+                continue
+            r.cancel()
+            tasks.append(r)
+            if k is not None:
+                self.runners.pop(k, None)
+                self.pipelines.pop(k, None)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- actions ------------------------------------------------------------------------------
     async def _apply(self, actions: list[Action]) -> None:
@@ -347,7 +425,10 @@ class WsConnection:
                     self.session.send_stalled(self.settings.send_stall_s)
                     await self._apply(self.session.actions())
                     return
-                self.outbox.put(a.data, a.seconds)
+                if a.header is None:
+                    self.outbox.put(a.data, a.seconds)
+                else:
+                    self.outbox.put(ContextFrame(a.header, a.data), a.seconds, a.context_id)
                 m.audio_seconds_total.inc(a.seconds)
                 self._observe_ttfa()
             elif isinstance(a, SendText):
@@ -355,26 +436,16 @@ class WsConnection:
                     m.errors_total.inc(code=a.error_code)
                 self.outbox.put(a.data)
             elif isinstance(a, Configure):
-                self.pipeline = SegmentedSpeech(
-                    self.state.engine,
-                    reference=a.reference,
-                    options=a.options,
-                    lookahead=self.settings.lookahead,
-                    continuity_frames=self.settings.continuity_frames,
-                    fade_ms=self.settings.fade_ms,
-                )
-                self.runner = asyncio.create_task(
-                    self._run_pipeline(self.pipeline), name=f"ws-run-{self.session.id}"
-                )
+                self._reference, self._options = a.reference, a.options
+                self._pipeline(None)  # the implicit context's, at once (as before contexts)
             elif isinstance(a, Synthesize):
-                assert self.pipeline is not None
-                self.pipeline.add(a.text)
+                self._pipeline(a.context_id).add(a.text)
             elif isinstance(a, EndInput):
-                assert self.pipeline is not None
-                self.pipeline.end()
+                self._pipeline(a.context_id).end()
             elif isinstance(a, Abort):
-                self.outbox.drop_audio()
-                await self._stop_runner()  # the runner itself returns once the session is closed
+                self.outbox.drop_audio(a.context_id)
+                # the runners themselves return once the session is closed
+                await self._stop_runners(a.context_id, every=a.context_id is None)
             elif isinstance(a, Close):
                 if a.immediate:
                     self.outbox.clear()
