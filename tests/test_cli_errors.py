@@ -21,12 +21,19 @@ NO_ENGINE = {"STREAMTTS_BRIDGE_LIB": "/nonexistent/libstreamtts_bridge.so"}
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache folder holding the demo model, as `streamtts` without --config finds it."""
+def demo_cache(tmp_path_factory: pytest.TempPathFactory, bridge_lib: Any) -> Path:
+    """A cache folder holding the demo model, as `streamtts` without --config finds it, and
+    the built bridge where discovery looks (a link to the one this test run loaded)."""
     from streamtts.demo.model import ensure_demo_model
+    from streamtts.model._llama import BRIDGE_NAME, open_bridge
 
     cache = tmp_path_factory.mktemp("cache")
     ensure_demo_model(cache)
+    lib = open_bridge()[1]
+    assert lib.name == BRIDGE_NAME
+    (cache / "native").mkdir()
+    # the whole build folder: the bridge finds libllama beside it ($ORIGIN)
+    (cache / "native" / "current-cpu").symlink_to(lib.parent.parent)
     return cache
 
 
