@@ -35,6 +35,12 @@ class NullBackbone:
 
     def bind(self, embd: Any, pos: Any, seq: Any, output: Any, hidden_out: Any, logits_out: Any) -> None:
         self._bufs = (embd, pos, seq, output, hidden_out, logits_out)
+        # Fused heads (logits hold the audio rows too): head logits as a GPU would hand them
+        # back, one copied row per stream (std 2, like the demo model's); the 2 text logits 0.
+        n_cols = logits_out.shape[1]
+        self._logits_src = np.zeros((64, n_cols), dtype=np.float32)
+        if n_cols > 2:
+            self._logits_src[:, 2:] = 2.0 * np.random.default_rng(1).standard_normal((64, n_cols - 2), dtype=np.float32)
 
     def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
         _, pos, _, output, hidden, logits = self._bufs
@@ -45,7 +51,7 @@ class NullBackbone:
         o = slice(out_offset, out_offset + n)
         if want_hidden and hidden is not None:
             np.take(self._hidden_src, pos[sel] % 64, axis=0, out=hidden[o])
-        logits[o] = 0.0
+        np.take(self._logits_src, pos[sel] % 64, axis=0, out=logits[o])
         return n
 
     def copy_logits_row(self, i: int, out: np.ndarray) -> None:

@@ -103,6 +103,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # ---- streamtts keys ----
     model_config_json: str = ""  # token ids; default: config.json next to the GGUF/tokenizer
     fused_gguf: str = ""  # GGUF whose output layer holds the head rows (streamtts convert)
+    # heads_backend auto/fused without a fused GGUF: write one on first load (next to the
+    # backbone, else in the cache folder; f32 audio rows on CPU, f16 on GPU); false = NumPy heads
+    fuse_on_load: bool = True
     normalize_text: bool = True
     max_streams: int = 4  # concurrent sequences (llama.cpp n_seq_max); n_ctx is per stream
     prefill_chunk: int = 512  # prompt rows joining streams may prefill per tick (official: n_batch)

@@ -83,7 +83,7 @@ from .tokenizer import write_tokenizer
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the files written change; part of the cache folder name.
-DEMO_MODEL_VERSION = "1"
+DEMO_MODEL_VERSION = "2"
 
 V_TEXT = 151936  # Qwen3's padded text vocabulary (embedding / text head rows)
 GGUF_NAME = "MOSS_TTS_Q4_K_M.gguf"  # the official file name (contents are f16 here)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -107,6 +107,74 @@ def _auto_threads() -> int:
     return int(c.threads)
 
 
+def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
+    """The fused-heads GGUF to run (found, or written now on first load), or "" for NumPy
+    heads. Its audio rows are f32 on CPU (ggml keeps the activations in f32 then, so greedy
+    codes are the NumPy heads'), f16 when the layers run on a GPU (which multiplies f16
+    weights by f32 activations without rounding them; half the memory)."""
+    from ..model.fused import find_fused_gguf
+    from ..model.fused_convert import ensure_fused
+
+    if cfg.heads_backend not in ("auto", "fused"):
+        return ""
+    dtype: Literal["f16", "f32"] = "f16" if _layers_on_gpu(cfg) else "f32"
+    if not cfg.fuse_on_load or cfg.fused_gguf:
+        return find_fused_gguf(cfg, ids, auto_dtype=dtype)
+    with _FuseProgress() as progress:
+        return ensure_fused(cfg, ids, dtype, progress)
+
+
+def _layers_on_gpu(cfg: EngineConfig) -> bool:
+    from ..errors import NativeLibraryError
+    from ..model import _llama
+
+    if cfg.n_gpu_layers == 0:
+        return False
+    try:
+        return "cuda build" in _llama.bridge_version()
+    except NativeLibraryError:
+        return False  # the backbone reports the missing library when it loads
+
+
+class _FuseProgress:
+    """A progress bar on a terminal (stderr) while the fused GGUF is written; nothing
+    otherwise (the log says when it starts)."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> _FuseProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if self._bar is None:
+            import sys
+
+            if not sys.stderr.isatty():
+                return
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("writing fused heads GGUF (first load, once)"), BarColumn(),
+                DownloadColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+            )  # fmt: skip
+            self._bar.start()
+            self._task = self._bar.add_task("fuse", total=total)
+        self._bar.update(self._task, completed=done)
+
+
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
     from threadpoolctl import threadpool_limits
 
@@ -120,10 +188,10 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         raise ConfigError("audio_backend 'torch' is not supported (streamtts serves without PyTorch): use onnx or trt")
     if cfg.blas_threads > 0:
         threadpool_limits(limits=cfg.blas_threads, user_api="blas")
-    from ..model.fused import find_fused_gguf
-
-    # explicit fused_gguf, else <backbone>.fused.gguf when it was built from this backbone
-    fused_path = find_fused_gguf(cfg)
+    mc = find_model_config(cfg)
+    ids = load_token_ids(mc)
+    # explicit fused_gguf, else one found or written next to the backbone (fused_heads)
+    fused_path = fused_heads(cfg, ids)
     fused = bool(fused_path)
     if cfg.heads_backend == "fused" and not fused:
         raise ConfigError("heads_backend 'fused' needs fused_gguf (write one with `streamtts convert`)")
@@ -135,8 +203,6 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     _require(cfg, "tokenizer_dir", "the tokenizer folder (tokenizer.json)")
     if not fused:
         _require(cfg, "lm_head_dir", "the LM heads folder (lm_head_audio_XX.npy)")
-    mc = find_model_config(cfg)
-    ids = load_token_ids(mc)
     threads = cfg.n_threads if cfg.n_threads > 0 else _auto_threads()
     streams = cfg.max_streams
     params = BackboneParams(
@@ -192,7 +258,9 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "model_config": str(mc) if mc else "defaults",
         "codec": worker.codec.kind,
         "codec_state_mib_per_stream": _codec_state_mib(worker),
-        "decode_context_frames": cfg.decode_context_frames,
+        "decode_context_frames": (
+            worker.codec.context_frames if isinstance(worker.codec, WindowedCodec) else cfg.decode_context_frames
+        ),
     }
     log.info(
         "engine ready: %s heads, %d streams x %d KV cells (%.1f MiB each, %.1f MiB total), "
@@ -213,7 +281,14 @@ def _codec(
     streaming = load_streaming(cfg, cfg.max_streams)
     if streaming is not None:
         return StreamingCodec(streaming, ids.n_vq)
-    return WindowedCodec(load_decoder(cfg), ids.n_vq, cfg.decode_context_frames)
+    decoder = load_decoder(cfg)
+    context = cfg.decode_context_frames
+    reach = getattr(decoder, "receptive_frames", None)
+    if reach is not None and reach - 1 < context:
+        # left context beyond the decoder's declared reach changes no sample, only costs
+        log.info("codec: %d frames of left context are enough (receptive field %d)", reach - 1, reach)
+        context = reach - 1
+    return WindowedCodec(decoder, ids.n_vq, context)
 
 
 def _codec_state_mib(worker: DecodeWorker) -> float:
@@ -231,7 +306,8 @@ def _codec_line(worker: DecodeWorker, cfg: EngineConfig) -> str:
             f"streaming (exact; {dec.path.name}, state {dec.state_bytes_per_slot / 2**20:.1f} MiB "
             f"per stream x {dec.n_slots} slots)"
         )
+    ctx = codec.context_frames if isinstance(codec, WindowedCodec) else cfg.decode_context_frames
     return (
-        f"windowed ({cfg.decode_context_frames} frames of left context; for exact, cheaper "
+        f"windowed ({ctx} frames of left context; for exact, cheaper "
         f"streaming build decoder_streaming.onnx with `streamtts codec build`)"
     )

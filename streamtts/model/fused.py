@@ -227,6 +227,21 @@ def fused_path_for(backbone_gguf: str | os.PathLike[str]) -> Path:
     return p.with_name(p.stem + SUFFIX)
 
 
+def auto_fused_paths(backbone_gguf: str | os.PathLike[str], dtype: AudioDtype) -> list[Path]:
+    """Where the engine writes (and looks for) the fused GGUF it makes on first load, best
+    first: ``X.fused-f32.gguf`` next to the backbone, else in the cache folder (read-only
+    weights). The audio dtype is in the name: a CPU (f32 rows) and a GPU (f16) engine
+    sharing the weights each find their own. The cache name carries a digest of the
+    backbone's absolute path, so two models with the same file name do not collide
+    (staleness is still checked on the file's own keys)."""
+    from ..paths import cache_dir
+
+    p = Path(backbone_gguf)
+    name = f"{p.stem}.fused-{dtype}.gguf"
+    tag = hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:12]
+    return [p.with_name(name), cache_dir() / "fused" / f"{tag}-{name}"]
+
+
 def heads_digest(lm_head_dir: str | os.PathLike[str], n_vq: int) -> str:
     """Cheap fingerprint of the audio head files (sizes, first and last 64 KiB of each).
 
@@ -248,13 +263,17 @@ def heads_digest(lm_head_dir: str | os.PathLike[str], n_vq: int) -> str:
     return h.hexdigest()[:32]
 
 
-def find_fused_gguf(cfg: EngineConfig, ids: TokenIds | None = None) -> str:
+def find_fused_gguf(
+    cfg: EngineConfig, ids: TokenIds | None = None, auto_dtype: AudioDtype | None = None
+) -> str:
     """The fused GGUF the engine should use for ``cfg``, or "" for NumPy heads.
 
     An explicit ``fused_gguf`` wins. Otherwise ``<backbone>.fused.gguf`` next to
-    ``backbone_gguf`` is picked up when present *and* built from that backbone
-    (file name and size) and the configured audio heads; a stale one is ignored
-    with a warning, so replacing the weights can never silently run old heads.
+    ``backbone_gguf`` (what ``streamtts convert`` writes), then, with ``auto_dtype``,
+    the file the engine writes itself on first load (:func:`auto_fused_paths`), each
+    picked up when present *and* built from that backbone (file name and size) and the
+    configured audio heads; a stale one is ignored with a warning, so replacing the
+    weights can never silently run old heads.
     """
     if cfg.heads_backend not in ("auto", "fused"):
         return ""
@@ -263,19 +282,24 @@ def find_fused_gguf(cfg: EngineConfig, ids: TokenIds | None = None) -> str:
         return cfg.fused_gguf
     if not cfg.backbone_gguf:
         return ""
-    cand = fused_path_for(cfg.backbone_gguf)
-    if not cand.is_file():
-        return ""
-    try:
-        stale = _staleness(read_fused_info(cand), cfg, ids)
-    except ModelFileError as exc:
-        log.warning("ignoring %s: %s", cand, exc)
-        return ""
-    if stale:
-        log.warning("ignoring %s: %s; run `streamtts convert` again", cand, stale)
-        return ""
-    log.info("using fused heads from %s (found next to the backbone)", cand)
-    return str(cand)
+    cands = [fused_path_for(cfg.backbone_gguf)]
+    if auto_dtype is not None:
+        cands += auto_fused_paths(cfg.backbone_gguf, auto_dtype)
+    for cand in cands:
+        if not cand.is_file():
+            continue
+        try:
+            stale = _staleness(read_fused_info(cand), cfg, ids)
+        except ModelFileError as exc:
+            log.warning("ignoring %s: %s", cand, exc)
+            continue
+        if stale:
+            then = "a fresh one is written" if auto_dtype else "run `streamtts convert` again"
+            log.warning("ignoring %s: %s; %s", cand, stale, then)
+            continue
+        log.info("using fused heads from %s", cand)
+        return str(cand)
+    return ""
 
 
 def _staleness(info: FusedInfo, cfg: EngineConfig, ids: TokenIds | None) -> str:

@@ -391,6 +391,71 @@ def _convert(
     return info
 
 
+def ensure_fused(
+    cfg: EngineConfig, ids: TokenIds, dtype: AudioDtype, progress: Progress | None = None
+) -> str:
+    """The fused GGUF for ``cfg``: found (:func:`fused.find_fused_gguf`), else written now
+    (once: later loads find it) next to the backbone, or in the cache folder when that
+    folder is read-only or short of space. "" when it cannot be written (a warning says
+    why; the engine then runs the NumPy heads).
+
+    Why by default: on CPU the fused output layer holds only the rows the engine samples
+    (2 text + 32 x 1025 audio), where the plain backbone computes its whole text head
+    (151936 rows) every step and the prompt's last piece outputs every row; a step of the
+    deep demo model costs about 40 % less, and the audio rows in f32 keep greedy codes
+    those of the NumPy heads.
+    """
+    found = fused.find_fused_gguf(cfg, ids, auto_dtype=dtype)
+    if found or not cfg.backbone_gguf or not cfg.lm_head_dir:
+        return found
+    src = Path(cfg.backbone_gguf)
+    if not src.is_file() or not Path(cfg.lm_head_dir).is_dir():
+        return ""  # build_runtime names the missing file
+    need = int(src.stat().st_size + ids.n_vq * ids.audio_rows * _n_embd(src) * (4 if dtype == "f32" else 2))
+    why = []
+    for dst in fused.auto_fused_paths(src, dtype):
+        problem = _unwritable(dst.parent, need)
+        if problem:
+            why.append(f"{dst.parent}: {problem}")
+            continue
+        log.info("writing fused heads %s (%s audio rows; once, on first load)", dst, dtype)
+        try:
+            convert(src, cfg, dst, audio_dtype=dtype, ids=ids, progress=progress)
+        except OSError as exc:
+            why.append(f"{dst}: {exc}")
+            continue
+        return str(dst)
+    log.warning(
+        "could not write the fused-heads GGUF (%s); using NumPy heads, a slower step on CPU",
+        "; ".join(why),
+    )
+    return ""
+
+
+def _n_embd(src: Path) -> int:
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    arch = str(_field(r, "general.architecture"))
+    return int(_field(r, f"{arch}.embedding_length") or 0)
+
+
+def _unwritable(folder: Path, need: int) -> str:
+    """Why a file of ``need`` bytes cannot be written into ``folder`` ('' when it can)."""
+    import shutil
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create it ({exc.strerror})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "not writable"
+    free = shutil.disk_usage(folder).free
+    if free < need + (256 << 20):  # leave room for everything else
+        return f"{free / 1e9:.1f} GB free, {need / 1e9:.1f} GB needed"
+    return ""
+
+
 def _load_head(path: Path, rows: int | None, n_embd: int) -> np.ndarray:
     from .weights import load_npy
 
