@@ -253,13 +253,18 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
     decode of N rows (one per sequence) and one prefill of ``prefill_rows`` rows; from
     those, the best throughput and TTFA any scheduler could reach if everything else
     (Python, sampling, codec, threads) were free. Run with the engine closed."""
+    from .errors import ModelFileError
     from .model.backbone import Backbone, BackboneParams
-    from .model.fused import fused_columns
+    from .model.fused import fused_columns, read_fused_info
     from .model.weights import AudioHeads
 
     cfg, ids, info = engine.config, engine.ids, engine.info
     n_max = max(levels)
-    fused = info.get("heads") == "fused (llama.cpp)"
+    try:  # the file the engine runs: plain, text rows only, or audio heads in the graph
+        finfo = read_fused_info(info["backbone"])
+    except ModelFileError:
+        finfo = None
+    fused = finfo is not None and finfo.has_audio
     span = prefill_rows + frames + ids.n_vq + 64
     params = BackboneParams(
         model_path=info["backbone"],
@@ -276,12 +281,11 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
     out: dict[str, Any] = {"prefill_rows": prefill_rows, "frames_per_stream": frames, "levels": []}
     with Backbone(params) as bb:
         h = bb.n_embd
-        if fused:
+        if finfo is not None:
             bb.set_logit_columns(fused_columns(bb, ids))
-            heads = None
         else:
             bb.set_logit_columns(np.asarray([ids.gen_slot, ids.delay_slot], np.int32))
-            heads = AudioHeads(cfg.lm_head_dir, ids, h)
+        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, h)
         rows_max = max(prefill_rows, n_max)
         embd = rng.standard_normal((rows_max, h), dtype=np.float32) * 0.5
         pos, seq = np.zeros(rows_max, np.int32), np.zeros(rows_max, np.int32)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -108,16 +108,24 @@ def _auto_threads() -> int:
 
 
 def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
-    """The fused-heads GGUF to run (found, or written now on first load), or "" for NumPy
-    heads. Its audio rows are f32 on CPU (ggml keeps the activations in f32 then, so greedy
-    codes are the NumPy heads'), f16 when the layers run on a GPU (which multiplies f16
-    weights by f32 activations without rounding them; half the memory)."""
-    from ..model.fused import find_fused_gguf
+    """The GGUF whose output layer holds only the rows the engine reads (found, or written
+    now on first load), or "" for the plain backbone. Why and which kind: on a GPU the audio
+    heads join the backbone's graph (f16 rows: a single-row CUDA matmul does not round the
+    f32 activations; half the memory). On CPU the output layer keeps only the gen/delay text
+    rows, in the backbone's own type, and the audio heads stay one NumPy matmul: the plain
+    backbone computes its whole text head (151936 rows) every step and for every prompt row,
+    while llama.cpp computes the 2 kept rows exactly as it computes them in the full head
+    and NumPy the audio logits as the official pipeline does, so greedy codes stay those of
+    the official algorithm. (Audio rows in llama.cpp on CPU, even f32, change the codes of a
+    quantized model: it quantizes the activations for the text rows, and a prompt whose last
+    row alone is output takes other kernels in the last layer.)"""
+    from ..model.fused import AudioDtype, find_fused_gguf
     from ..model.fused_convert import ensure_fused
 
     if cfg.heads_backend not in ("auto", "fused"):
         return ""
-    dtype: Literal["f16", "f32"] = "f16" if _layers_on_gpu(cfg) else "f32"
+    gpu = _layers_on_gpu(cfg)
+    dtype: AudioDtype = "f16" if gpu else ("f32" if cfg.heads_backend == "fused" else "text")
     if not cfg.fuse_on_load or cfg.fused_gguf:
         return find_fused_gguf(cfg, ids, auto_dtype=dtype)
     with _FuseProgress() as progress:
@@ -191,14 +199,17 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     mc = find_model_config(cfg)
     ids = load_token_ids(mc)
     # explicit fused_gguf, else one found or written next to the backbone (fused_heads)
+    from ..model.fused import read_fused_info
+
     fused_path = fused_heads(cfg, ids)
-    fused = bool(fused_path)
-    if cfg.heads_backend == "fused" and not fused:
-        raise ConfigError("heads_backend 'fused' needs fused_gguf (write one with `streamtts convert`)")
-    if fused and not cfg.fused_gguf:
+    if fused_path and not cfg.fused_gguf:
         gguf = fused_path
     else:
-        gguf = _require(cfg, "fused_gguf" if fused else "backbone_gguf", "a Qwen3 GGUF backbone")
+        gguf = _require(cfg, "fused_gguf" if fused_path else "backbone_gguf", "a Qwen3 GGUF backbone")
+    # audio heads in llama.cpp's graph, or in NumPy (plain backbone, or a text-rows-only file)
+    fused = bool(fused_path) and read_fused_info(gguf).has_audio
+    if cfg.heads_backend == "fused" and not fused:
+        raise ConfigError("heads_backend 'fused' needs fused_gguf (write one with `streamtts convert`)")
     _require(cfg, "embedding_dir", "the embeddings folder (embed_tokens.npy, emb_ext_XX.npy)")
     _require(cfg, "tokenizer_dir", "the tokenizer folder (tokenizer.json)")
     if not fused:
@@ -223,7 +234,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     backbone = (backbone_factory or Backbone)(params)
     try:
         cols = [ids.gen_slot, ids.delay_slot]
-        if fused:
+        if fused_path:
             from ..model.fused import fused_columns
 
             backbone.set_logit_columns(np.asarray(fused_columns(backbone, ids, path=gguf), dtype=np.int32))
@@ -250,7 +261,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "backbone": gguf,
         "kv_cache_mib_per_stream": round(kv_stream / 2**20, 1),
         "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),
-        "heads": "fused (llama.cpp)" if fused else "numpy",
+        "heads": "fused (llama.cpp)" if fused else ("numpy (text rows only in llama.cpp)" if fused_path else "numpy"),
         "n_embd": backbone.n_embd,
         "max_streams": streams,
         "n_ctx_per_stream": backbone.n_ctx_seq,

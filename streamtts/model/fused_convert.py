@@ -105,6 +105,11 @@ class _Source:
 
         return gen
 
+    def read_row(self, t: Any, i: int) -> np.ndarray:
+        """Row ``i`` of a 2-D tensor as its raw bytes (blocks, for a quantized type)."""
+        row_bytes = int(t.n_bytes) // int(t.shape[1])
+        return np.frombuffer(self.read(int(t.data_offset) + i * row_bytes, row_bytes), dtype=np.uint8).copy()
+
     def rows(self, t: Any, start: int, n: int) -> np.ndarray:
         """Rows [start, start + n) of a 2-D tensor as float32 (exact dequantization)."""
         from gguf import GGMLQuantizationType as Q
@@ -197,8 +202,10 @@ def convert(
     src = Path(src_gguf)
     if not src.is_file():
         raise ModelFileError(src, "a qwen3 GGUF backbone", "file not found")
-    if audio_dtype not in ("f16", "f32"):
-        raise ConfigError(f"audio_dtype must be f16 or f32, got {audio_dtype!r}")
+    if audio_dtype not in ("f16", "f32", "text"):
+        raise ConfigError(f"audio_dtype must be f16, f32 or text, got {audio_dtype!r}")
+    if audio_dtype == "text" and (include_text_head or text_source != "gguf"):
+        raise ConfigError("audio_dtype 'text' keeps the GGUF's own text rows only (no full text head, no npy rows)")
     if text_source not in ("gguf", "npy"):
         raise ConfigError(f"text_source must be gguf or npy, got {text_source!r}")
     head_dir, found_ids = _resolve_heads(heads)
@@ -262,12 +269,15 @@ def _convert(
     text_src = tensors[text_src_name]
     src_vocab = int(text_src.shape[1])
 
+    text_only = audio_dtype == "text"
     fdtype = Q.F16 if audio_dtype == "f16" else Q.F32
+    if text_only:  # the source's rows as they are: llama.cpp then computes the official logits
+        fdtype = text_src.tensor_type
     npdtype = np.float16 if audio_dtype == "f16" else np.float32
     text_ids = (ids.gen_slot, ids.delay_slot)
     n_text = len(text_ids)
     audio_offset = n_text
-    n_audio = ids.n_vq * ids.audio_rows
+    n_audio = 0 if text_only else ids.n_vq * ids.audio_rows
     head_rows = 0
     text_head_offset = audio_offset + n_audio
     if include_text_head:
@@ -292,13 +302,19 @@ def _convert(
     if text_rows.shape != (n_text, n_embd):
         raise ModelFileError(src, f"text rows of width {n_embd}", f"got {text_rows.shape}")
 
-    audio_paths = [head_dir / f"lm_head_audio_{k:02d}.npy" for k in range(ids.n_vq)]
+    audio_paths = [head_dir / f"lm_head_audio_{k:02d}.npy" for k in range(ids.n_vq) if not text_only]
     for pth in audio_paths:  # fail before writing anything
         _check_head(pth, _load_head(pth, ids.audio_rows, n_embd), ids.audio_rows, n_embd)
 
     out_row_bytes = n_embd * np.dtype(npdtype).itemsize
+    if text_only:
+        out_row_bytes = _row_bytes(fdtype, n_embd)
+        raw_text = [source.read_row(text_src, tid) for tid in text_ids]
 
     def output_chunks() -> Iterator[Any]:
+        if text_only:
+            yield from raw_text
+            return
         yield text_rows.astype(npdtype)
         for pth in audio_paths:  # 8 MB each for the real model: read whole, then dropped
             yield np.load(pth, allow_pickle=False).astype(npdtype, copy=False)
@@ -335,7 +351,7 @@ def _convert(
         _row_bytes(t.tensor_type, shape[-1])  # whole blocks per row, or the file is broken
         plan.append(_Tensor(t.name, shape, t.tensor_type, int(t.n_bytes), source.chunks(t)))
 
-    digest = heads_digest(head_dir, ids.n_vq)
+    digest = "none" if text_only else heads_digest(head_dir, ids.n_vq)
     with gguf_writer_at(out_path, arch) as w:
         alignment = _field(r, "general.alignment")
         if alignment is not None:
@@ -349,6 +365,7 @@ def _convert(
             KEY + "text_ids", list(text_ids), gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32
         )
         w.add_bool(KEY + "has_text_head", include_text_head)
+        w.add_bool(KEY + "has_audio", not text_only)
         w.add_uint32(KEY + "text_head_offset", text_head_offset)
         w.add_uint32(KEY + "text_head_rows", head_rows)
         w.add_string(KEY + "text_source", text_desc)
@@ -411,7 +428,8 @@ def ensure_fused(
     src = Path(cfg.backbone_gguf)
     if not src.is_file() or not Path(cfg.lm_head_dir).is_dir():
         return ""  # build_runtime names the missing file
-    need = int(src.stat().st_size + ids.n_vq * ids.audio_rows * _n_embd(src) * (4 if dtype == "f32" else 2))
+    audio_bytes = {"f32": 4, "f16": 2, "text": 0}[dtype] * ids.n_vq * ids.audio_rows * _n_embd(src)
+    need = int(src.stat().st_size + audio_bytes)
     why = []
     for dst in fused.auto_fused_paths(src, dtype):
         problem = _unwritable(dst.parent, need)
