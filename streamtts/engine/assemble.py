@@ -245,7 +245,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
                 )
             backbone.set_logit_columns(np.asarray(cols, dtype=np.int32))
         embedder = Embedder(cfg.embedding_dir, ids, n_embd=backbone.n_embd)
-        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd)
+        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd, threads=cfg.heads_threads or threads)
         worker = DecodeWorker(_codec(cfg, ids, load_decoder, load_streaming_decoder))
         core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused)
     except BaseException:

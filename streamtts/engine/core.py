@@ -176,6 +176,8 @@ class EngineCore:
             self._commands.put(("stop", None))
         if self._thread.is_alive():
             self._thread.join()
+        if self.heads is not None:
+            self.heads.close()
 
     @property
     def active_streams(self) -> int:

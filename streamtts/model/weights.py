@@ -13,6 +13,7 @@ audio logits are ``hidden @ stacked_heads.T`` in float32.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -116,10 +117,50 @@ class Embedder:
         return out
 
 
-class AudioHeads:
-    """Audio logits for all 32 codebooks in one matmul: (B, H) -> (B, n_vq, rows)."""
+class _Helper(threading.Thread):
+    """One thread that runs a part of the heads matmul when told, and sleeps otherwise."""
 
-    def __init__(self, lm_head_dir: str | Path, ids: TokenIds, n_embd: int) -> None:
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._go = threading.Event()
+        self.done = threading.Event()
+        self._job: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.error: BaseException | None = None
+
+    def submit(self, hidden: np.ndarray, wt: np.ndarray, out: np.ndarray) -> None:
+        self._job = (hidden, wt, out)
+        self.done.clear()
+        self._go.set()
+
+    def stop(self) -> None:
+        self._job = None
+        self._go.set()
+
+    def run(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            job = self._job
+            if job is None:
+                return
+            try:
+                np.matmul(job[0], job[1], out=job[2])
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.error = exc
+            self.done.set()
+
+
+class AudioHeads:
+    """Audio logits for all 32 codebooks in one matmul: (B, H) -> (B, n_vq, rows).
+
+    ``threads`` > 1 cuts the matmul by codebooks into that many parts, run at once by the
+    calling thread and ``threads - 1`` helper threads, each part one single-threaded BLAS
+    call. Why not BLAS threads: OpenBLAS's workers spin for a while after each call, on the
+    cores llama.cpp's threads need for the next decode (contract section 9); these helpers
+    sleep on an event. Each logit is the same dot product either way (same bits).
+    """
+
+    def __init__(self, lm_head_dir: str | Path, ids: TokenIds, n_embd: int, *, threads: int = 1) -> None:
         d = Path(lm_head_dir)
         self.n_vq = ids.n_vq
         self.rows = ids.audio_rows
@@ -130,14 +171,37 @@ class AudioHeads:
         self._text_path = d / "lm_head_text.npy"
         self._text: np.ndarray | None = None
         self.n_embd = n_embd
-        log.info("audio heads: %d x %d x %d float32", self.n_vq, self.rows, n_embd)
+        n = max(1, min(threads, self.n_vq))
+        # part boundaries on codebook edges: [cuts[i], cuts[i + 1]) columns
+        self._cuts = [self.rows * (self.n_vq * i // n) for i in range(n + 1)]
+        self._helpers = [_Helper(f"streamtts-heads-{i}") for i in range(1, n)]
+        for t in self._helpers:
+            t.start()
+        log.info("audio heads: %d x %d x %d float32, %d thread(s)", self.n_vq, self.rows, n_embd, n)
 
     def __call__(self, hidden: np.ndarray, out: np.ndarray) -> np.ndarray:
         """hidden (B, H) float32; out (>=B, n_vq * rows) float32 -> view (B, n_vq, rows)."""
         b = hidden.shape[0]
         o = out[:b]
-        np.matmul(hidden, self._wt, out=o)
+        if not self._helpers:
+            np.matmul(hidden, self._wt, out=o)
+        else:
+            c = self._cuts
+            for i, t in enumerate(self._helpers, start=1):
+                t.submit(hidden, self._wt[:, c[i] : c[i + 1]], o[:, c[i] : c[i + 1]])
+            np.matmul(hidden, self._wt[:, : c[1]], out=o[:, : c[1]])
+            for t in self._helpers:
+                t.done.wait()
+                if t.error is not None:
+                    err, t.error = t.error, None
+                    raise err
         return o.reshape(b, self.n_vq, self.rows)
+
+    def close(self) -> None:
+        """Stop the helper threads (idempotent)."""
+        for t in self._helpers:
+            t.stop()
+        self._helpers = []
 
     def text_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Full text-head logits for one hidden state (memory-mapped; only needed outside audio mode)."""
