@@ -285,7 +285,8 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
             bb.set_logit_columns(fused_columns(bb, ids))
         else:
             bb.set_logit_columns(np.asarray([ids.gen_slot, ids.delay_slot], np.int32))
-        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, h)
+        # the heads as the engine runs them (same thread count)
+        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, h, threads=cfg.heads_threads or int(info["threads"]))
         rows_max = max(prefill_rows, n_max)
         embd = rng.standard_normal((rows_max, h), dtype=np.float32) * 0.5
         pos, seq = np.zeros(rows_max, np.int32), np.zeros(rows_max, np.int32)
@@ -328,6 +329,8 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
             out["levels"].append({"concurrency": n, "step_ms": round(t_step, 3)})
         for i in range(n_max):
             bb.seq_rm(i)
+    if heads is not None:
+        heads.close()
     out["prefill_ms"] = round(t_prefill, 3)
     steps = frames + ids.n_vq - 1  # steps per stream for `frames` frames
     by_n = {lv["concurrency"]: lv["step_ms"] for lv in out["levels"]}

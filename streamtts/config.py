@@ -103,8 +103,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # ---- streamtts keys ----
     model_config_json: str = ""  # token ids; default: config.json next to the GGUF/tokenizer
     fused_gguf: str = ""  # GGUF whose output layer holds the head rows (streamtts convert)
-    # heads_backend auto/fused without a fused GGUF: write one on first load (next to the
-    # backbone, else in the cache folder; f32 audio rows on CPU, f16 on GPU); false = NumPy heads
+    # heads_backend auto/fused without a fused GGUF: write one on first load, next to the
+    # backbone, else in the cache folder (CPU: the text rows only, audio heads in NumPy; GPU:
+    # f16 audio rows too); false = only a file you made (fused_gguf, streamtts convert)
     fuse_on_load: bool = True
     normalize_text: bool = True
     max_streams: int = 4  # concurrent sequences (llama.cpp n_seq_max); n_ctx is per stream

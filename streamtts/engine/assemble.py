@@ -126,7 +126,9 @@ def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
         return ""
     gpu = _layers_on_gpu(cfg)
     dtype: AudioDtype = "f16" if gpu else ("f32" if cfg.heads_backend == "fused" else "text")
-    if not cfg.fuse_on_load or cfg.fused_gguf:
+    if not cfg.fuse_on_load:  # off: only a file the user made (fused_gguf, streamtts convert)
+        return find_fused_gguf(cfg, ids)
+    if cfg.fused_gguf:
         return find_fused_gguf(cfg, ids, auto_dtype=dtype)
     with _FuseProgress() as progress:
         return ensure_fused(cfg, ids, dtype, progress)

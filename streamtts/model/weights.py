@@ -117,6 +117,9 @@ class Embedder:
         return out
 
 
+_ALIGN = 64  # columns; see AudioHeads
+
+
 class _Helper(threading.Thread):
     """One thread that runs a part of the heads matmul when told, and sleeps otherwise."""
 
@@ -153,7 +156,7 @@ class _Helper(threading.Thread):
 class AudioHeads:
     """Audio logits for all 32 codebooks in one matmul: (B, H) -> (B, n_vq, rows).
 
-    ``threads`` > 1 cuts the matmul by codebooks into that many parts, run at once by the
+    ``threads`` > 1 cuts the matmul by columns into that many parts, run at once by the
     calling thread and ``threads - 1`` helper threads, each part one single-threaded BLAS
     call. Why not BLAS threads: OpenBLAS's workers spin for a while after each call, on the
     cores llama.cpp's threads need for the next decode (contract section 9); these helpers
@@ -171,9 +174,12 @@ class AudioHeads:
         self._text_path = d / "lm_head_text.npy"
         self._text: np.ndarray | None = None
         self.n_embd = n_embd
-        n = max(1, min(threads, self.n_vq))
-        # part boundaries on codebook edges: [cuts[i], cuts[i + 1]) columns
-        self._cuts = [self.rows * (self.n_vq * i // n) for i in range(n + 1)]
+        total = self.n_vq * self.rows
+        n = max(1, min(threads, total // _ALIGN))
+        # Part boundaries on multiples of _ALIGN columns: BLAS kernels treat a column by its
+        # place in blocks counted from the call's first column (edge columns are summed in
+        # another order), so cuts elsewhere would change the last bits of some logits.
+        self._cuts = [0, *(_ALIGN * round(total * i / n / _ALIGN) for i in range(1, n)), total]
         self._helpers = [_Helper(f"streamtts-heads-{i}") for i in range(1, n)]
         for t in self._helpers:
             t.start()
