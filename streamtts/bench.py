@@ -1,8 +1,10 @@
 """``streamtts bench``: N concurrent streams of a fixed length, median/p95 numbers.
 
 A benchmark, not a test: it reports, it asserts nothing. ``--null-backbone``
-swaps llama.cpp for a zero-cost stand-in (same scheduler, heads, sampling and
-state machine) to measure the orchestration alone.
+swaps llama.cpp for a zero-cost stand-in (same scheduler, sampling, state machine,
+frame routing and codec) to measure the orchestration alone, as at GPU speeds: it
+hands back the head logits as a GPU's fused heads do (``heads_backend: numpy`` in
+the config keeps the NumPy heads instead).
 """
 
 from __future__ import annotations
@@ -190,6 +192,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     )
     if args.null_backbone:
         engine.backbone_factory = null_backbone_factory
+        if engine.config.heads_backend == "auto":
+            # what a GPU runs: the heads in the backbone's graph, their logits handed back
+            # (``heads_backend: numpy`` in the config measures the NumPy heads instead)
+            engine.config.heads_backend = "fused"
     out: dict[str, Any] = {"levels": [], "machine": platform.machine(), "null_backbone": bool(args.null_backbone)}
     async with engine:
         out["engine"] = engine.info
