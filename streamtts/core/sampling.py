@@ -151,7 +151,14 @@ class SamplerWorkspace:
 
     def __init__(self) -> None:
         self._f32 = np.empty(0, dtype=np.float32)
+        self._rows = np.empty(0, dtype=np.float32)
         self._mask = np.empty(0, dtype=bool)
+
+    def rows(self, n: int, v: int) -> np.ndarray:
+        """An (n, v) float32 buffer for the caller's rows (never the one ``floats`` returns)."""
+        if self._rows.size < n * v:
+            self._rows = np.empty(n * v, dtype=np.float32)
+        return self._rows[: n * v].reshape(n, v)
 
     def floats(self, n: int, v: int) -> np.ndarray:
         if self._f32.size < n * v:
@@ -242,10 +249,10 @@ def sample_rows(
             logits /= scale[0]  # one temperature for all (the usual case): a faster pass
         elif every_row:
             logits /= scale[:, None]
-        else:  # x / 1 == x exactly, so unselected rows are untouched
-            full_scale = np.ones(n_all, dtype=np.float32)
-            full_scale[sel] = scale
-            logits /= full_scale[:, None]
+        else:  # only the selected rows (a pass over all of them would cost the most)
+            sub = logits[sel]
+            sub /= scale[:, None]
+            logits[sel] = sub
     if penalty is not None:
         if seen is None:
             raise ValueError("penalty needs seen")

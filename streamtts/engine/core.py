@@ -325,8 +325,10 @@ class EngineCore:
         if slots.size:
             t2 = time.perf_counter()
             b = slots.size
-            if self.fused:
-                result.audio = self.logits[:b, 2:].reshape(b, self.ids.n_vq, self.ids.audio_rows)
+            if self.fused:  # one copy into whole rows: the sampler then needs no other
+                audio = self.audio_buf[:b]
+                np.copyto(audio, self.logits[:b, 2:])
+                result.audio = audio.reshape(b, self.ids.n_vq, self.ids.audio_rows)
             else:
                 assert self.heads is not None and self.hidden is not None
                 result.audio = self.heads(self.hidden[:b], self.audio_buf)
