@@ -121,6 +121,7 @@ def _level_row(
         "rtf_p95": round(_pct(rtf, 95), 4),
         "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
         "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
+        "prompt_rows": int(statistics.median(r["prompt_rows"] for r in results)),
         "realtime_streams": sum(1 for r in rtf if r < 1.0),
     }
 
@@ -221,7 +222,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     out["arrival"] = args.arrival
     if args.kernel_bound and not args.null_backbone and args.arrival == "burst" and out["levels"]:
         computed = out["levels"][-1]["prefill_rows_computed"]
-        kb = kernel_bound(engine, levels, max(1, computed), args.frames)
+        prompt_rows = out["levels"][-1]["prompt_rows"]
+        kb = kernel_bound(engine, levels, max(1, computed), args.frames, context_rows=max(computed, prompt_rows))
         out["kernel_bound"] = kb
         by_n = {lv["concurrency"]: lv for lv in kb["levels"]}
         for lv in out["levels"]:
@@ -254,11 +256,17 @@ def _median_ms(fn: Any, iters: int) -> float:
     return 1000.0 * statistics.median(ts)
 
 
-def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int, iters: int = 20) -> dict[str, Any]:
+def kernel_bound(
+    engine: Any, levels: list[int], prefill_rows: int, frames: int, iters: int = 20, *, context_rows: int = 0
+) -> dict[str, Any]:
     """What llama.cpp alone allows: a bare backbone (same GGUF, threads, heads) times one
     decode of N rows (one per sequence) and one prefill of ``prefill_rows`` rows; from
     those, the best throughput and TTFA any scheduler could reach if everything else
-    (Python, sampling, codec, threads) were free. Run with the engine closed."""
+    (Python, sampling, codec, threads) were free. Run with the engine closed.
+
+    The decodes run where a stream's steps are on average: each sequence holds its prompt
+    (``context_rows``, the cached prefix included) plus half the steps, since attention
+    costs grow with the context (a third more per step on the deep demo model at 300 rows)."""
     from .errors import ModelFileError
     from .model.backbone import Backbone, BackboneParams
     from .model.fused import fused_columns, read_fused_info
@@ -271,7 +279,9 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
     except ModelFileError:
         finfo = None
     fused = finfo is not None and finfo.has_audio
-    span = prefill_rows + frames + ids.n_vq + 64
+    steps = frames + ids.n_vq - 1  # steps per stream for `frames` frames
+    fill = max(prefill_rows, context_rows) + max(0, steps // 2 - iters // 2)  # rows before the timed steps
+    span = fill + iters + 64
     params = BackboneParams(
         model_path=info["backbone"],
         n_ctx=n_max * (-(-span // 256) * 256),
@@ -313,9 +323,9 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
 
         t_prefill = _median_ms(prefill, max(3, iters // 4))
         for n in sorted({1, *levels}):
-            for i in range(n):  # each sequence holds a prompt-sized context, as in the run
+            for i in range(n):
                 bb.seq_rm(i)
-            next_pos[:n] = prefill_rows
+            next_pos[:n] = fill
 
             def step(n: int = n) -> None:
                 pos[:n] = next_pos[:n]
@@ -326,11 +336,13 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
                     heads(hidden[:n], audio[:n])
                 next_pos[:n] += 1
 
-            for i in range(n):  # fill each sequence's context first
-                pos[:prefill_rows] = np.arange(prefill_rows, dtype=np.int32)
-                seq[:prefill_rows] = i
-                flags[:prefill_rows] = 0
-                bb.decode_bound(prefill_rows, False, 0)
+            for i in range(n):  # fill each sequence's context first (rows_max rows a call)
+                for a in range(0, fill, rows_max):
+                    m = min(rows_max, fill - a)
+                    pos[:m] = np.arange(a, a + m, dtype=np.int32)
+                    seq[:m] = i
+                    flags[:m] = 0
+                    bb.decode_bound(m, False, 0)
             t_step = _median_ms(step, iters)
             out["levels"].append({"concurrency": n, "step_ms": round(t_step, 3)})
         for i in range(n_max):
@@ -338,7 +350,7 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
     if heads is not None:
         heads.close()
     out["prefill_ms"] = round(t_prefill, 3)
-    steps = frames + ids.n_vq - 1  # steps per stream for `frames` frames
+    out["context_rows"] = fill
     by_n = {lv["concurrency"]: lv["step_ms"] for lv in out["levels"]}
     for lv in out["levels"]:
         n, t = lv["concurrency"], lv["step_ms"]
