@@ -1,13 +1,28 @@
-"""Per-step overhead and time to first audio against their limits, measured in one run.
+"""The engine's step and time to first audio against bare llama.cpp, measured in one run.
 
     python benchmarks/step_overhead.py [--config CFG] [--reps 5] [--json out.json]
+        [--compare before=/path/to/old/checkout ...]
 
-The limits come from the same bridge and model used bare:
-- step limit: one single-row ``llama_decode`` (hidden state out) + the audio-head matmul;
-- TTFA limit: prefill of the same prompt (same call partition) + 32 x step limit + decoding
-  one frame with the codec.
-The engine's numbers come from a real stream (greedy, fixed length). Everything is
-interleaved and repeated; medians are reported as ratios (this machine is noisy).
+Engine side, as ``streamtts synth`` runs it (a fresh process and engine per run, the config
+as it is, default sampling, seed 1), for this checkout and each ``--compare NAME=DIR`` (another
+checkout's ``streamtts``, e.g. the commit before a change: before/after in one run):
+- per-step slope: (wall time of a 300-step stream - that of a 100-step one) / 200, submit
+  to last audio; fixed costs (prompt, prefill, first audio) cancel out;
+- TTFA: request to first audio (fresh engine: the prefix cache is cold, as in a new process);
+- the engine's own per-step profile (embed / backbone / heads / sampling / other).
+
+Bare side, the same bridge, threads and prompts, no engine around them, each step a
+one-row ``llama_decode`` (hidden state out) then the audio heads, in one loop:
+- ``official``: the plain backbone GGUF (its whole text head, as the official pipeline runs
+  it) and the heads as one NumPy matmul on 2 BLAS threads (issue #16's bare step);
+- ``engine file``: the GGUF the engine runs (text rows only, or fused heads) and the heads
+  the faster of two ways (2 BLAS threads; split in 2 single-threaded parts): the bound for
+  the arrangement the engine uses;
+- prefill of the TTFA prompt in the engine's partition (cacheable prefix, then the rest,
+  ``prefill_chunk`` rows a call, hidden state of the last row) with its first 32 steps, and
+  one codec call decoding the first frame (streaming slot or window, as the engine does).
+Limits: step = decode + heads; TTFA = prefill + its 32 steps + codec call. Everything is
+interleaved per repetition and the medians reported (a shared machine is noisy).
 """
 
 from __future__ import annotations
@@ -15,112 +30,297 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from streamtts import Engine
-from streamtts.codec import load_decoder
-from streamtts.config import SamplingParams, find_model_config, load_config
-from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
-from streamtts.core.tokens import load_token_ids
+from streamtts.codec import load_decoder, load_streaming_decoder
+from streamtts.config import EngineConfig, find_model_config, load_config
+from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt_ex
+from streamtts.core.tokens import TokenIds, load_token_ids
 from streamtts.demo.model import ensure_demo_model
-from streamtts.model.backbone import Backbone, BackboneParams, physical_cores
+from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.fused import fused_columns, read_fused_info
 from streamtts.model.weights import AudioHeads, Embedder
-from streamtts.request import StreamOptions
 from streamtts.text.normalize import normalize_text
 
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
+# the demo model speaks about 380 steps of it; short enough for one generation (no segments)
+LONG = " ".join(
+    [
+        "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun.",
+        "Meanwhile the river keeps running past the old mill, carrying leaves toward the sea.",
+        "Children laugh in the square while the baker sets out bread that smells of honey.",
+    ]
+    * 6
+)
+SHORT_STEPS, LONG_STEPS = 100, 300
 
 
-def bare_limits(cfg: Any, threads: int, steps: int) -> dict[str, float]:
-    ids = load_token_ids(find_model_config(cfg))
-    tok = HFTokenizer(cfg.tokenizer_dir)
-    prompt = build_prompt(tok, ids, PromptSpec(text=normalize_text(TEXT)))
-    emb = Embedder(cfg.embedding_dir, ids)
-    heads = AudioHeads(cfg.lm_head_dir, ids, emb.n_embd)
-    dec = load_decoder(cfg)
+def _ms(xs: list[float]) -> float:
+    return 1000.0 * statistics.median(xs)
+
+
+# -- engine -----------------------------------------------------------------------------------
+
+
+async def synth_like(cfg_path: str, text: str, steps: int) -> dict[str, Any]:
+    """One stream on a fresh engine, default config and sampling (what ``synth`` does)."""
+    from streamtts import Engine
+    from streamtts.request import StreamOptions
+
+    async with Engine.from_config(cfg_path) as e:
+        s = e.stream(text, options=StreamOptions(seed=1, max_new_tokens=steps))
+        async with s:
+            async for _ in s:
+                pass
+        st = s.stats
+        return {
+            "wall_s": st.t_done - st.t_submit,
+            "ttfa_s": st.ttfa_s,
+            "steps": st.steps,
+            "profile": e.step_profile(),
+            "threads": int(e.info["threads"]),
+            "engine_file": e.info["backbone"],
+            "heads": e.info["heads"],
+            "codec": e.info["codec"],
+        }
+
+
+def engine_run(cfg_path: str, text: str, steps: int, pythonpath: str | None) -> dict[str, Any]:
+    """``synth_like`` in a fresh process, on the ``streamtts`` found at ``pythonpath``."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    cmd = [sys.executable, __file__, "--engine-run", cfg_path, "--text", text, "--steps", str(steps)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+# -- bare -------------------------------------------------------------------------------------
+
+
+def _prompt(cfg: EngineConfig, ids: TokenIds, text: str) -> tuple[np.ndarray, int]:
+    prompt, prefix = build_prompt_ex(HFTokenizer(cfg.tokenizer_dir), ids, PromptSpec(text=normalize_text(text)))
+    return prompt, prefix if cfg.prefix_cache_mib > 0 and prefix >= 16 else 0
+
+
+def _pieces(n_rows: int, prefix: int, chunk: int) -> list[tuple[int, int]]:
+    """The engine's prefill partition: the prefix, then the rest, each in ``chunk``-row calls."""
+    out = []
+    for a, b in ((0, prefix), (prefix, n_rows)):
+        out += [(s, min(s + chunk, b)) for s in range(a, b, chunk)]
+    return out
+
+
+# the audio heads after each one-row decode: (name, BLAS threads, our parts)
+# (split first: OpenBLAS's idle workers spin for a while after a 2-thread call)
+HEADS_WAYS = (("split2", 1, 2), ("blas2", 2, 1))
+
+
+def bare_file(
+    cfg: EngineConfig,
+    ids: TokenIds,
+    emb: Embedder,
+    gguf: str,
+    threads: int,
+    steps: int,
+    ttfa_prompt: tuple[np.ndarray, int],
+    long_prompt: np.ndarray,
+) -> dict[str, float]:
+    """On ``gguf``: prefill of the TTFA prompt (the engine's partition) and its first 32
+    steps, then one-row steps at the positions the slope measures (the long prompt + 200
+    rows: the middle of steps 100..300; attention grows with the context). Each step is a
+    decode then the audio heads (unless the file computes them), timed apart but run in
+    one loop as the engine does: the heads' 67-270 MB of weights and the backbone's evict
+    each other from the caches, which a loop of heads alone would not show. The heads run
+    each way of ``HEADS_WAYS`` in turn, ``steps`` steps each."""
+    try:
+        info = read_fused_info(gguf)
+    except Exception:
+        info = None
+    in_graph = info is not None and info.has_audio
+    prompt, prefix = ttfa_prompt
     s = prompt.shape[0]
-    p = BackboneParams(model_path=cfg.backbone_gguf, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads)
+    p = BackboneParams(model_path=gguf, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads)
+    res: dict[str, float] = {"heads_in_graph": float(in_graph)}
+    seq0 = np.zeros(cfg.n_batch, np.int32)
+    ways = [] if in_graph else [(name, blas, AudioHeads(cfg.lm_head_dir, ids, emb.n_embd, threads=parts)) for name, blas, parts in HEADS_WAYS]
+    audio = np.zeros((1, ids.n_vq * ids.audio_rows), np.float32)
     with Backbone(p) as bb:
-        bb.set_logit_columns(np.array([ids.gen_slot, ids.delay_slot], np.int32))
-        h = np.zeros((1, emb.n_embd), np.float32)
-        lg = np.zeros((1, 2), np.float32)
-        audio = np.zeros((1, ids.n_vq * ids.audio_rows), np.float32)
-        pe = emb.embed_rows(prompt)
-        out = np.zeros(s, np.int8)
-        out[-1] = 1
-        t0 = time.perf_counter()
-        bb.decode(pe, np.arange(s, dtype=np.int32), np.zeros(s, np.int32), out, h, lg)
-        prefill = time.perf_counter() - t0
-        row = np.ascontiguousarray(pe[-1:])
-        dt_dec, dt_heads = [], []
-        for i in range(steps):
+        cols = fused_columns(bb, ids, path=gguf) if info is not None else np.array([ids.gen_slot, ids.delay_slot], np.int32)
+        bb.set_logit_columns(cols)
+        h = None if in_graph else np.zeros((1, emb.n_embd), np.float32)
+        lg = np.zeros((1, cols.size), np.float32)
+        pos = np.arange(cfg.n_ctx, dtype=np.int32)
+
+        def step(row: np.ndarray, at: int, heads: AudioHeads | None) -> tuple[float, float]:
             t0 = time.perf_counter()
-            bb.decode(row, np.array([s + i], np.int32), np.zeros(1, np.int32), np.ones(1, np.int8), h, lg)
+            bb.decode(row, pos[at : at + 1], seq0[:1], np.ones(1, np.int8), h, lg)
             t1 = time.perf_counter()
-            heads(h, audio)
-            dt_dec.append(t1 - t0)
-            dt_heads.append(time.perf_counter() - t1)
-    codes = np.zeros((1, 1, ids.n_vq), np.int64)
-    dec.decode(codes)
-    t0 = time.perf_counter()
-    for _ in range(5):
+            if heads is not None and h is not None:
+                heads(h, audio)
+            return t1 - t0, time.perf_counter() - t1
+
+        pe = emb.embed_rows(prompt)
+        t0 = time.perf_counter()
+        for a, b in _pieces(s, prefix, cfg.prefill_chunk):
+            out = np.zeros(b - a, np.int8)
+            last = b == s
+            out[-1] = 1 if last else 0
+            bb.decode(np.ascontiguousarray(pe[a:b]), pos[a:b], seq0[: b - a], out, h if last else None, lg)
+        res["prefill_ms"] = 1000 * (time.perf_counter() - t0)
+        row = np.ascontiguousarray(pe[-1:])
+        with threadpool_limits(1, user_api="blas"):  # the decode steps to the first frame
+            first = [step(row, s + i, ways[-1][2] if ways else None) for i in range(32)]
+        res["first32_decode_ms"] = 1000 * sum(d for d, _ in first)
+        bb.seq_rm(0)
+        le = emb.embed_rows(long_prompt)
+        ctx = np.concatenate([le, np.repeat(le[-1:], SHORT_STEPS + (LONG_STEPS - SHORT_STEPS) // 2 - steps, 0)])
+        for a in range(0, ctx.shape[0], cfg.n_batch):  # fill the context (untimed)
+            b = min(a + cfg.n_batch, ctx.shape[0])
+            bb.decode(np.ascontiguousarray(ctx[a:b]), pos[a:b], seq0[: b - a], np.zeros(b - a, np.int8), None, None)
+        row = np.ascontiguousarray(le[-1:])
+        at = ctx.shape[0]
+        for name, blas, heads in ways or [("none", 1, None)]:
+            with threadpool_limits(blas, user_api="blas"):
+                dt = [step(row, at + i, heads) for i in range(steps)]
+            at += steps
+            res[f"decode_{name}_ms"] = _ms([d for d, _ in dt])
+            if heads is not None:
+                res[f"heads_{name}_ms"] = _ms([x for _, x in dt])
+            res[f"step_{name}_ms"] = _ms([d + x for d, x in dt])
+    for _, _, heads in ways:
+        heads.close()
+    return res
+
+
+def codec_first_frame_ms(cfg: EngineConfig, iters: int = 5) -> float:
+    """One codec call for a stream's first frame, with the codec the engine uses."""
+    codes = np.zeros((1, 1, 32), np.int64)
+    streaming = load_streaming_decoder(cfg, 1)
+    dt = []
+    if streaming is not None:
+        for i in range(iters + 1):
+            slot = streaming.acquire()
+            t0 = time.perf_counter()
+            streaming.decode(np.array([slot], np.int64), codes, np.array([1], np.int64))
+            if i:
+                dt.append(time.perf_counter() - t0)
+            streaming.release(slot)
+    else:
+        dec = load_decoder(cfg)
         dec.decode(codes)
-    window = (time.perf_counter() - t0) / 5
-    step = statistics.median(dt_dec)
-    head = statistics.median(dt_heads)
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            dec.decode(codes)
+            dt.append(time.perf_counter() - t0)
+    return _ms(dt)
+
+
+def _version_rows(cfg_path: str, pythonpath: str | None) -> dict[str, Any]:
+    """One repetition of the engine side: slope (100 vs 300 steps, in alternating order
+    across calls) and TTFA, each run in a fresh process."""
+    runs = {n: engine_run(cfg_path, LONG, n, pythonpath) for n in (SHORT_STEPS, LONG_STEPS)}
+    first = engine_run(cfg_path, TEXT, 40, pythonpath)  # TTFA of the short text, cold cache
     return {
-        "prompt_rows": s,
-        "prefill_ms": 1000 * prefill,
-        "bare_step_ms": 1000 * step,
-        "heads_ms": 1000 * head,
-        "decode_1frame_ms": 1000 * window,
-        "ttfa_limit_ms": 1000 * (prefill + 32 * (step + head) + window),
+        "threads": runs[LONG_STEPS]["threads"],
+        "slope_ms": 1000 * (runs[LONG_STEPS]["wall_s"] - runs[SHORT_STEPS]["wall_s"]) / (LONG_STEPS - SHORT_STEPS),
+        "steps_short": runs[SHORT_STEPS]["steps"],
+        "steps_long": runs[LONG_STEPS]["steps"],
+        "ttfa_ms": 1000 * first["ttfa_s"],
+        **{f"profile_{k}_ms": v for k, v in runs[LONG_STEPS]["profile"].items()},
+        "_info": {k: runs[LONG_STEPS][k] for k in ("engine_file", "heads", "codec")},
     }
-
-
-async def engine_numbers(cfg_path: str, threads: int, frames: int) -> dict[str, float]:
-    async with Engine.from_config(cfg_path, n_threads=threads, max_streams=1) as e:
-        await e.generate(TEXT, options=StreamOptions(sampling=SamplingParams.greedy(), fixed_frames=5))
-        e.reset_profile()  # steady state only
-        syn = await e.generate(TEXT, options=StreamOptions(sampling=SamplingParams.greedy(), fixed_frames=frames))
-        prof = e.step_profile()
-        step_ms = sum(prof.values())  # embed + backbone + heads + sampling + other, per tick
-        return {"ttfa_ms": 1000 * syn.stats.ttfa_s, "engine_step_ms": step_ms, **{f"step_{k}_ms": v for k, v in prof.items()}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="default: the demo model")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--frames", type=int, default=60)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--bare-steps", type=int, default=60)
+    ap.add_argument("--compare", nargs="*", default=[], metavar="NAME=DIR", help="other checkouts to run the engine side of")
     ap.add_argument("--json")
+    ap.add_argument("--engine-run", metavar="CFG", help=argparse.SUPPRESS)  # internal: one engine run
+    ap.add_argument("--text", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.engine_run:
+        print(json.dumps(asyncio.run(synth_like(a.engine_run, a.text, a.steps))))
+        return
     cfg_path = a.config or str(ensure_demo_model())
     cfg = load_config(cfg_path)
-    threads = a.threads or physical_cores()
-    rows: list[dict[str, float]] = []
-    for _ in range(a.reps):  # interleave bare and engine runs so drift hits both
-        lim = bare_limits(cfg, threads, a.frames + 31)
-        eng = asyncio.run(engine_numbers(cfg_path, threads, a.frames))
-        rows.append({**lim, **eng})
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    limit_step = med["bare_step_ms"] + med["heads_ms"]
-    report = {
+    ids = load_token_ids(find_model_config(cfg))
+    emb = Embedder(cfg.embedding_dir, ids)
+    ttfa_prompt = _prompt(cfg, ids, TEXT)
+    long_prompt = _prompt(cfg, ids, LONG)[0]
+    versions: list[tuple[str, str | None]] = [("this", None)]
+    versions += [(v.split("=", 1)[0], v.split("=", 1)[1]) for v in a.compare]
+    eng: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in versions}
+    bare: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}
+    t_start = time.time()
+    load0 = os.getloadavg()[0]
+    for rep in range(a.reps):  # interleave versions and bare runs so drift hits all of them
+        order = versions if rep % 2 == 0 else versions[::-1]
+        for name, path in order:
+            row = _version_rows(cfg_path, path)
+            info[name] = row.pop("_info")
+            eng[name].append(row)
+        threads = eng["this"][-1]["threads"]
+        engine_file = info["this"]["engine_file"]
+        b: dict[str, Any] = {"threads": threads}
+        b.update({f"official_{k}": v for k, v in bare_file(cfg, ids, emb, cfg.backbone_gguf, threads, a.bare_steps, ttfa_prompt, long_prompt).items()})
+        if engine_file != cfg.backbone_gguf:
+            fb = bare_file(cfg, ids, emb, engine_file, threads, a.bare_steps, ttfa_prompt, long_prompt)
+        else:
+            fb = {k[len("official_") :]: v for k, v in b.items() if k.startswith("official_")}
+        b.update({f"file_{k}": v for k, v in fb.items()})
+        b["codec_first_frame_ms"] = codec_first_frame_ms(cfg)
+        bare.append(b)
+        print(json.dumps({"rep": rep, "bare": b, **{n: eng[n][-1] for n in eng}}, default=str), flush=True)
+    med_b = {k: statistics.median(float(r[k]) for r in bare) for k in bare[0]}
+    in_graph = med_b["file_heads_in_graph"] > 0.5
+    # official: the plain file, heads as one matmul on 2 BLAS threads (issue #16's bare step);
+    # engine file: its decode, and the heads the faster of the two ways
+    official_step = med_b["official_step_blas2_ms"]
+    best = "none" if in_graph else min(("blas2", "split2"), key=lambda k: med_b[f"file_step_{k}_ms"])
+    file_step = med_b[f"file_step_{best}_ms"]
+    heads_best = 0.0 if in_graph else med_b[f"file_heads_{best}_ms"]
+    official_ttfa = med_b["official_prefill_ms"] + med_b["official_first32_decode_ms"] + 32 * med_b["official_heads_blas2_ms"]
+    official_ttfa += med_b["codec_first_frame_ms"]
+    file_ttfa = med_b["file_prefill_ms"] + med_b["file_first32_decode_ms"] + 32 * heads_best + med_b["codec_first_frame_ms"]
+    report: dict[str, Any] = {
         "config": cfg_path,
-        "threads": threads,
         "reps": a.reps,
-        "median": {k: round(v, 3) for k, v in med.items()},
-        "step_overhead_ratio": round(med["engine_step_ms"] / limit_step - 1, 4),
-        "non_backbone_non_heads_ms": round(
-            med["step_embed_ms"] + med["step_sampling_ms"] + med["step_other_ms"], 3
-        ),
-        "ttfa_vs_limit": round(med["ttfa_ms"] / med["ttfa_limit_ms"], 3),
+        "load_average_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "minutes": round((time.time() - t_start) / 60, 1),
+        "bare_median": {k: round(v, 3) for k, v in med_b.items()},
+        "bare_step_official_ms": round(official_step, 3),
+        "bare_step_engine_file_ms": round(file_step, 3),
+        "bare_step_engine_file_heads": best,
+        "ttfa_limit_official_ms": round(official_ttfa, 1),
+        "ttfa_limit_engine_file_ms": round(file_ttfa, 1),
+        "engines": {},
     }
+    for name, rows in eng.items():
+        med = {k: statistics.median(float(r[k]) for r in rows) for k in rows[0]}
+        report["engines"][name] = {
+            **info[name],
+            "median": {k: round(v, 3) for k, v in med.items()},
+            "slope_per_rep_ms": [round(r["slope_ms"], 2) for r in rows],
+            "slope_vs_bare_official": round(med["slope_ms"] / official_step, 3),
+            "slope_vs_bare_engine_file": round(med["slope_ms"] / file_step, 3),
+            "ttfa_vs_limit_official": round(med["ttfa_ms"] / official_ttfa, 3),
+            "ttfa_vs_limit_engine_file": round(med["ttfa_ms"] / file_ttfa, 3),
+        }
     text = json.dumps(report, indent=2)
     print(text)
     if a.json:

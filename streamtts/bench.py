@@ -1,8 +1,10 @@
 """``streamtts bench``: N concurrent streams of a fixed length, median/p95 numbers.
 
 A benchmark, not a test: it reports, it asserts nothing. ``--null-backbone``
-swaps llama.cpp for a zero-cost stand-in (same scheduler, heads, sampling and
-state machine) to measure the orchestration alone.
+swaps llama.cpp for a zero-cost stand-in (same scheduler, sampling, state machine,
+frame routing and codec) to measure the orchestration alone, as at GPU speeds: it
+hands back the head logits as a GPU's fused heads do (``heads_backend: numpy`` in
+the config keeps the NumPy heads instead).
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class NullBackbone:
 
     def bind(self, embd: Any, pos: Any, seq: Any, output: Any, hidden_out: Any, logits_out: Any) -> None:
         self._bufs = (embd, pos, seq, output, hidden_out, logits_out)
+        # Fused heads (logits hold the audio rows too): head logits as a GPU would hand them
+        # back, one copied row per stream (std 2, like the demo model's); the 2 text logits 0.
+        n_cols = logits_out.shape[1]
+        self._logits_src = np.zeros((64, n_cols), dtype=np.float32)
+        if n_cols > 2:
+            self._logits_src[:, 2:] = 2.0 * np.random.default_rng(1).standard_normal((64, n_cols - 2), dtype=np.float32)
 
     def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
         _, pos, _, output, hidden, logits = self._bufs
@@ -45,7 +53,7 @@ class NullBackbone:
         o = slice(out_offset, out_offset + n)
         if want_hidden and hidden is not None:
             np.take(self._hidden_src, pos[sel] % 64, axis=0, out=hidden[o])
-        logits[o] = 0.0
+        np.take(self._logits_src, pos[sel] % 64, axis=0, out=logits[o])
         return n
 
     def copy_logits_row(self, i: int, out: np.ndarray) -> None:
@@ -113,6 +121,7 @@ def _level_row(
         "rtf_p95": round(_pct(rtf, 95), 4),
         "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
         "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
+        "prompt_rows": int(statistics.median(r["prompt_rows"] for r in results)),
         "realtime_streams": sum(1 for r in rtf if r < 1.0),
     }
 
@@ -184,6 +193,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     )
     if args.null_backbone:
         engine.backbone_factory = null_backbone_factory
+        if engine.config.heads_backend == "auto":
+            # what a GPU runs: the heads in the backbone's graph, their logits handed back
+            # (``heads_backend: numpy`` in the config measures the NumPy heads instead)
+            engine.config.heads_backend = "fused"
     out: dict[str, Any] = {"levels": [], "machine": platform.machine(), "null_backbone": bool(args.null_backbone)}
     async with engine:
         out["engine"] = engine.info
@@ -209,7 +222,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     out["arrival"] = args.arrival
     if args.kernel_bound and not args.null_backbone and args.arrival == "burst" and out["levels"]:
         computed = out["levels"][-1]["prefill_rows_computed"]
-        kb = kernel_bound(engine, levels, max(1, computed), args.frames)
+        prompt_rows = out["levels"][-1]["prompt_rows"]
+        kb = kernel_bound(engine, levels, max(1, computed), args.frames, context_rows=max(computed, prompt_rows))
         out["kernel_bound"] = kb
         by_n = {lv["concurrency"]: lv for lv in kb["levels"]}
         for lv in out["levels"]:
@@ -242,19 +256,32 @@ def _median_ms(fn: Any, iters: int) -> float:
     return 1000.0 * statistics.median(ts)
 
 
-def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int, iters: int = 20) -> dict[str, Any]:
+def kernel_bound(
+    engine: Any, levels: list[int], prefill_rows: int, frames: int, iters: int = 20, *, context_rows: int = 0
+) -> dict[str, Any]:
     """What llama.cpp alone allows: a bare backbone (same GGUF, threads, heads) times one
     decode of N rows (one per sequence) and one prefill of ``prefill_rows`` rows; from
     those, the best throughput and TTFA any scheduler could reach if everything else
-    (Python, sampling, codec, threads) were free. Run with the engine closed."""
+    (Python, sampling, codec, threads) were free. Run with the engine closed.
+
+    The decodes run where a stream's steps are on average: each sequence holds its prompt
+    (``context_rows``, the cached prefix included) plus half the steps, since attention
+    costs grow with the context (a third more per step on the deep demo model at 300 rows)."""
+    from .errors import ModelFileError
     from .model.backbone import Backbone, BackboneParams
-    from .model.fused import fused_columns
+    from .model.fused import fused_columns, read_fused_info
     from .model.weights import AudioHeads
 
     cfg, ids, info = engine.config, engine.ids, engine.info
     n_max = max(levels)
-    fused = info.get("heads") == "fused (llama.cpp)"
-    span = prefill_rows + frames + ids.n_vq + 64
+    try:  # the file the engine runs: plain, text rows only, or audio heads in the graph
+        finfo = read_fused_info(info["backbone"])
+    except ModelFileError:
+        finfo = None
+    fused = finfo is not None and finfo.has_audio
+    steps = frames + ids.n_vq - 1  # steps per stream for `frames` frames
+    fill = max(prefill_rows, context_rows) + max(0, steps // 2 - iters // 2)  # rows before the timed steps
+    span = fill + iters + 64
     params = BackboneParams(
         model_path=info["backbone"],
         n_ctx=n_max * (-(-span // 256) * 256),
@@ -270,12 +297,12 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
     out: dict[str, Any] = {"prefill_rows": prefill_rows, "frames_per_stream": frames, "levels": []}
     with Backbone(params) as bb:
         h = bb.n_embd
-        if fused:
+        if finfo is not None:
             bb.set_logit_columns(fused_columns(bb, ids))
-            heads = None
         else:
             bb.set_logit_columns(np.asarray([ids.gen_slot, ids.delay_slot], np.int32))
-            heads = AudioHeads(cfg.lm_head_dir, ids, h)
+        # the heads as the engine runs them (same thread count)
+        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, h, threads=cfg.heads_threads or int(info["threads"]))
         rows_max = max(prefill_rows, n_max)
         embd = rng.standard_normal((rows_max, h), dtype=np.float32) * 0.5
         pos, seq = np.zeros(rows_max, np.int32), np.zeros(rows_max, np.int32)
@@ -296,9 +323,9 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
 
         t_prefill = _median_ms(prefill, max(3, iters // 4))
         for n in sorted({1, *levels}):
-            for i in range(n):  # each sequence holds a prompt-sized context, as in the run
+            for i in range(n):
                 bb.seq_rm(i)
-            next_pos[:n] = prefill_rows
+            next_pos[:n] = fill
 
             def step(n: int = n) -> None:
                 pos[:n] = next_pos[:n]
@@ -309,17 +336,21 @@ def kernel_bound(engine: Any, levels: list[int], prefill_rows: int, frames: int,
                     heads(hidden[:n], audio[:n])
                 next_pos[:n] += 1
 
-            for i in range(n):  # fill each sequence's context first
-                pos[:prefill_rows] = np.arange(prefill_rows, dtype=np.int32)
-                seq[:prefill_rows] = i
-                flags[:prefill_rows] = 0
-                bb.decode_bound(prefill_rows, False, 0)
+            for i in range(n):  # fill each sequence's context first (rows_max rows a call)
+                for a in range(0, fill, rows_max):
+                    m = min(rows_max, fill - a)
+                    pos[:m] = np.arange(a, a + m, dtype=np.int32)
+                    seq[:m] = i
+                    flags[:m] = 0
+                    bb.decode_bound(m, False, 0)
             t_step = _median_ms(step, iters)
             out["levels"].append({"concurrency": n, "step_ms": round(t_step, 3)})
         for i in range(n_max):
             bb.seq_rm(i)
+    if heads is not None:
+        heads.close()
     out["prefill_ms"] = round(t_prefill, 3)
-    steps = frames + ids.n_vq - 1  # steps per stream for `frames` frames
+    out["context_rows"] = fill
     by_n = {lv["concurrency"]: lv["step_ms"] for lv in out["levels"]}
     for lv in out["levels"]:
         n, t = lv["concurrency"], lv["step_ms"]

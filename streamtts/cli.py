@@ -380,7 +380,9 @@ def build_parser() -> Parser:
 
     d = sub.add_parser("demo-model", help="write the synthetic demo model (official layout)")
     d.add_argument("dir", help="folder to write it into (config.yaml + the official layout)")
-    d.add_argument("--preset", default="tiny", choices=["tiny", "mid"], help="tiny: seconds to write; mid: 1024 wide, 24 layers (benchmarks)")
+    d.add_argument("--preset", default="tiny", choices=["tiny", "mid", "deep"],
+                   help="tiny: seconds to write; mid: 1024 wide, 24 layers, Q4_0 (benchmarks); "
+                   "deep: 512 wide, 36 layers, Q8_0 (benchmarks)")
     d.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     d.add_argument(
         "--codec", default="tones", choices=["tones", "real"],

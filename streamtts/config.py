@@ -103,6 +103,10 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # ---- streamtts keys ----
     model_config_json: str = ""  # token ids; default: config.json next to the GGUF/tokenizer
     fused_gguf: str = ""  # GGUF whose output layer holds the head rows (streamtts convert)
+    # heads_backend auto/fused without a fused GGUF: write one on first load, next to the
+    # backbone, else in the cache folder (CPU: the text rows only, audio heads in NumPy; GPU:
+    # f16 audio rows too); false = only a file you made (fused_gguf, streamtts convert)
+    fuse_on_load: bool = True
     normalize_text: bool = True
     max_streams: int = 4  # concurrent sequences (llama.cpp n_seq_max); n_ctx is per stream
     prefill_chunk: int = 512  # prompt rows joining streams may prefill per tick (official: n_batch)
@@ -124,6 +128,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     resume_buffered_s: float = 10.0  # low-water mark
     codec_threads: int = 0  # ONNX Runtime intra-op threads for the codec (0 = default)
     blas_threads: int = 1  # NumPy BLAS threads (audio heads); spinning BLAS threads fight llama.cpp's
+    # threads of the NumPy audio heads' matmul (ours, sleeping between steps; each part one
+    # single-threaded BLAS call); 0 = as many as llama.cpp's threads (their cores are idle then)
+    heads_threads: int = 0
     log_llama: bool = False  # forward llama.cpp's own log lines
     # llama.cpp's CPU workers between decodes: 0 = they sleep, up to 100 = they spin;
     # -1 = llama.cpp's own thread pool (which spins at 50)
@@ -149,6 +156,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_streams < 1:
             raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
+        if self.heads_threads < 0:
+            raise ConfigError(f"heads_threads must be >= 0 (0 = llama.cpp's thread count), got {self.heads_threads}")
         if self.n_threads < 0:
             raise ConfigError(f"n_threads must be >= 0 (0 = automatic), got {self.n_threads}")
         if not -1 <= self.thread_poll <= 100:

@@ -35,9 +35,11 @@ def add_parser(sub: Any) -> None:
         "--include-text-head", action="store_true", help="also append the full text head"
     )
     c.add_argument(
-        "--audio-dtype", choices=["f16", "f32"], default="f16",
+        "--audio-dtype", choices=["f16", "f32", "text"], default="f16",
         help="type of the fused output layer: f16 (as published, half the memory) or f32 "
-        "(llama.cpp's CPU matmul then keeps the hidden state in f32, like the NumPy heads)",
+        "(llama.cpp's CPU matmul then keeps the hidden state in f32, like the NumPy heads); "
+        "text: no audio rows, only the gen/delay rows in the backbone's own type (what the "
+        "engine writes for itself on CPU; the audio heads stay in NumPy)",
     )  # fmt: skip
     c.add_argument(
         "--text-source", choices=["gguf", "npy"], default="gguf",

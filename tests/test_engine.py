@@ -379,3 +379,29 @@ def test_long_text_is_spoken_in_segments_in_one_voice(demo_model_dir: Path) -> N
     pcm = np.concatenate([c.pcm for c in chunks])
     assert pcm.shape[0] == len(frames) * 1920
     assert active == 0
+
+
+def test_audio_heads_split_across_threads_give_the_same_bits(demo_model_dir: Path) -> None:
+    from threadpoolctl import threadpool_limits
+
+    cfg = load_config(demo_model_dir / "config.yaml")
+    ids = load_token_ids(find_model_config(cfg))
+    one = AudioHeads(cfg.lm_head_dir, ids, 64)
+    three = AudioHeads(cfg.lm_head_dir, ids, 64, threads=3)
+    rng = np.random.default_rng(0)
+    for blas in (1, 2):
+        for b in (1, 3, 5, 8):
+            h = rng.standard_normal((b, 64), dtype=np.float32)
+            with threadpool_limits(1, user_api="blas"):  # the engine's BLAS setting
+                a = one(h, np.zeros((b, ids.n_vq * ids.audio_rows), np.float32)).copy()
+            with threadpool_limits(blas, user_api="blas"):
+                c = three(h, np.zeros((b + 2, ids.n_vq * ids.audio_rows), np.float32))
+            assert c.shape == (b, ids.n_vq, ids.audio_rows)
+            np.testing.assert_array_equal(a, c)
+    threads = list(three._helpers)
+    assert len(threads) == 2 and all(t.is_alive() for t in threads)
+    three.close()
+    for t in threads:
+        t.join(timeout=5)
+        assert not t.is_alive()
+    np.testing.assert_array_equal(three(h, np.zeros((b, ids.n_vq * ids.audio_rows), np.float32)), a)

@@ -470,3 +470,94 @@ def test_cli_convert_prints_config_line(
     text = capsys.readouterr().out
     assert f"fused_gguf: {out}" in text
     assert read_fused_info(out).dtype == "F32"
+
+
+# -- written on first load (the default) -----------------------------------------------------
+
+
+def test_text_only_file_keeps_raw_rows_and_computes_the_same_bits(
+    quant_model: Path, tmp_path: Path
+) -> None:
+    """audio_dtype 'text': the gen/delay rows as the source's raw Q6_K blocks, and llama.cpp
+    gives the same hidden states and the same two logits as with the whole text head."""
+    src = src_gguf(quant_model)
+    info = convert(src, gg(quant_model) / "lm_heads", tmp_path / "t.gguf", audio_dtype="text")
+    assert not info.has_audio and info.rows == 2 and info.dtype == "Q6_K"
+    assert info.columns(IDS).tolist() == [0, 1]
+    r_src = {t.name: t for t in GGUFReader(str(src)).tensors}
+    r_out = {t.name: t for t in GGUFReader(info.path).tensors}
+    rows = np.asarray(r_src["output.weight"].data)[[IDS.gen_slot, IDS.delay_slot]]
+    assert np.array_equal(np.asarray(r_out["output.weight"].data), rows)  # bit for bit
+    pair = np.array([IDS.gen_slot, IDS.delay_slot])
+    h_ref, l_ref = _decode_logits(src, quant_model, hidden=True, cols=pair)
+    h_got, l_got = _decode_logits(Path(info.path), quant_model, hidden=True, cols=info.columns(IDS))
+    for a, b in zip(h_ref + l_ref, h_got + l_got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError, match="text rows only"):
+        convert(src, gg(quant_model) / "lm_heads", tmp_path / "x.gguf", audio_dtype="text", include_text_head=True)
+
+
+def _info(cfg: Path, **kw: Any) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        async with Engine.from_config(cfg, n_threads=1, max_streams=1, **kw) as e:
+            await e.generate("Hi.", options=StreamOptions(seed=1, max_new_tokens=40))
+            return dict(e.info)
+
+    return asyncio.run(main())
+
+
+def test_engine_writes_its_gguf_on_first_load_and_reuses_it(demo_model_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "model"
+    shutil.copytree(demo_model_dir, root, ignore=shutil.ignore_patterns("*.fused*.gguf"))
+    cfg = root / "config.yaml"
+    backbone = load_config(cfg).backbone_gguf
+    want = Path(backbone).with_name(Path(backbone).stem + ".fused-text.gguf")
+    info = _info(cfg)  # CPU, heads_backend auto: text rows only, NumPy audio heads
+    assert info["backbone"] == str(want) and info["heads"] == "numpy (text rows only in llama.cpp)"
+    stamp = want.stat().st_mtime_ns
+    assert _info(cfg)["backbone"] == str(want) and want.stat().st_mtime_ns == stamp  # found, not rewritten
+    # the switch, and the NumPy backend, run the plain backbone
+    for kw in ({"fuse_on_load": False}, {"heads_backend": "numpy"}):
+        assert _info(cfg, **kw) == {**info, "backbone": backbone, "heads": "numpy"}
+    # heads_backend fused on CPU: the audio rows join the graph, in f32
+    f32 = _info(cfg, heads_backend="fused")
+    assert f32["heads"] == "fused (llama.cpp)" and f32["backbone"].endswith(".fused-f32.gguf")
+    assert read_fused_info(f32["backbone"]).dtype == "F32"
+
+
+def test_read_only_weights_folder_writes_to_the_cache(
+    demo_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "model"
+    shutil.copytree(demo_model_dir, root, ignore=shutil.ignore_patterns("*.fused*.gguf"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("STREAMTTS_CACHE", str(cache))
+    weights = gg(root).resolve()
+    real = fused_convert._unwritable
+    # (tests run as root, for whom a read-only mode bit is no obstacle: say it is)
+    monkeypatch.setattr(
+        fused_convert, "_unwritable", lambda d, n: "not writable" if d.resolve() == weights else real(d, n)
+    )
+    info = _info(root / "config.yaml")
+    assert Path(info["backbone"]).parent == cache / "fused"
+    assert not list(weights.glob("*.fused*.gguf"))
+    assert _info(root / "config.yaml")["backbone"] == info["backbone"]  # found there next time
+    # nowhere to write: a warning, and the plain backbone
+    monkeypatch.setattr(fused_convert, "_unwritable", lambda d, n: "not writable")
+    monkeypatch.setenv("STREAMTTS_CACHE", str(tmp_path / "cache2"))
+    assert _info(root / "config.yaml")["heads"] == "numpy"
+
+
+def test_engine_greedy_codes_equal_official_algorithm_on_a_quantized_model(quant_model: Path) -> None:
+    """The default arrangement (text rows only + NumPy heads) on a Q4_K_M model: the codes of
+    the official algorithm, frame for frame (f32 audio rows in llama.cpp would not be)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import greedy_check
+
+    cfg_path = str(quant_model / "config.yaml")
+    texts = ["Hello there, this is a streaming test.", "Short."]
+    got, info = asyncio.run(greedy_check.engine_frames(cfg_path, texts, 1, 60))
+    assert info["heads"] == "numpy (text rows only in llama.cpp)"
+    cfg = load_config(cfg_path)
+    for text, codes in zip(texts, got, strict=True):
+        np.testing.assert_array_equal(codes, greedy_check.official_frames(cfg, text, 1, 60))

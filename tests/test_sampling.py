@@ -326,3 +326,34 @@ def test_row_result_independent_of_batch_composition() -> None:
     perm = rng.permutation(n)[:7]
     part = sample_rows(logits[perm].copy(), t[perm], k[perm], p[perm], u[perm])
     np.testing.assert_array_equal(part, full[perm])
+
+
+def test_large_batches_are_sampled_in_pieces_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamtts.core import sampling
+
+    monkeypatch.setattr(sampling, "CHUNK_ROWS", 3)  # 11 rows: pieces of 3, 3, 3, 2
+    rng = np.random.default_rng(5)
+    n, v = 11, 60
+    logits = (rng.standard_normal((n, v)) * 2).astype(np.float32)
+    logits[rng.random((n, v)) < 0.3] = NEG
+    logits[:, 0] = 1.0  # every row keeps a finite candidate
+    t = rng.choice([0.0, 1.0, 1.7], n).astype(np.float32)
+    k = rng.choice([0, 5, 25], n)
+    p = rng.choice([0.5, 0.8, 1.0], n)
+    u = rng.random(n)
+    pen = rng.choice([1.0, 1.3], n).astype(np.float32)
+    seen = rng.random((n, v)) < 0.3
+    prev = [np.flatnonzero(s).tolist() for s in seen]
+    ref = sample_rows_reference(logits, t, k, p, u, prev_tokens=prev, penalty=pen)
+    np.testing.assert_array_equal(sample_rows(logits.copy(), t, k, p, u, seen=seen, penalty=pen), ref)
+    sel = np.array([10, 2, 7, 3, 0, 9, 5], dtype=np.int64)
+    got = sample_rows(logits.copy(), t[sel], k[sel], p[sel], u[sel], rows=sel, seen=seen[sel], penalty=pen[sel])
+    np.testing.assert_array_equal(got, ref[sel])
+    # one temperature for all rows takes the scalar pass: same tokens
+    t1 = np.full(n, 1.7, np.float32)
+    np.testing.assert_array_equal(sample_rows(logits.copy(), t1, k, p, u), sample_rows_reference(logits, t1, k, p, u))
+    bad = logits.copy()
+    bad[[1, 8]] = np.nan  # in two different pieces: both named
+    with pytest.raises(NonFiniteLogitsError) as err:
+        sample_rows(bad, t1, k, p, u)
+    assert err.value.rows == (1, 8)

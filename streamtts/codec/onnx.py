@@ -198,6 +198,23 @@ def decoder_session(path: str | Path, *, use_gpu: bool, threads: int) -> _OnnxSe
     )  # fmt: skip
 
 
+RECEPTIVE_FRAMES_KEY = "streamtts.receptive_frames"
+"""ONNX metadata key: frames of codes one output frame depends on (itself included), for a
+decoder whose reach is bounded (the demo codec's 4). The windowed path then keeps no more
+left context than that: farther frames cannot change a sample, they only cost."""
+
+
+def receptive_frames(session: Any) -> int | None:
+    """The decoder's declared receptive field (``RECEPTIVE_FRAMES_KEY``), None when unbounded
+    or not declared (the published decoder: its attention reaches back without a bound)."""
+    meta = session.get_modelmeta().custom_metadata_map
+    try:
+        n = int(meta.get(RECEPTIVE_FRAMES_KEY, ""))
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
 class OnnxDecoder:
     """:class:`~streamtts.codec.AudioDecoder` on ONNX Runtime."""
 
@@ -207,6 +224,7 @@ class OnnxDecoder:
         self._s = decoder_session(path, use_gpu=use_gpu, threads=threads)
         self.path = self._s.path
         self.provider = self._s.provider
+        self.receptive_frames = receptive_frames(self._s.session)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> OnnxDecoder:

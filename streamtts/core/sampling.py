@@ -151,7 +151,14 @@ class SamplerWorkspace:
 
     def __init__(self) -> None:
         self._f32 = np.empty(0, dtype=np.float32)
+        self._rows = np.empty(0, dtype=np.float32)
         self._mask = np.empty(0, dtype=bool)
+
+    def rows(self, n: int, v: int) -> np.ndarray:
+        """An (n, v) float32 buffer for the caller's rows (never the one ``floats`` returns)."""
+        if self._rows.size < n * v:
+            self._rows = np.empty(n * v, dtype=np.float32)
+        return self._rows[: n * v].reshape(n, v)
 
     def floats(self, n: int, v: int) -> np.ndarray:
         if self._f32.size < n * v:
@@ -162,6 +169,10 @@ class SamplerWorkspace:
         if self._mask.size < n * v:
             self._mask = np.empty(n * v, dtype=bool)
         return self._mask[: n * v].reshape(n, v)
+
+
+CHUNK_ROWS = 1024
+"""sample_rows works on at most this many rows at a time (4 MB of 1025-wide logits)."""
 
 
 def _effective_k(top_k: np.ndarray, v: int) -> np.ndarray:
@@ -207,6 +218,26 @@ def sample_rows(
         out = np.empty(n, dtype=np.int64)
     if n == 0:
         return out
+    if n > CHUNK_ROWS:
+        # Rows are independent: in pieces whose scratch fits a core's cache, the passes
+        # below (scale, copy, partition, compare) run from cache instead of memory.
+        failed: list[int] = []
+        for a in range(0, n, CHUNK_ROWS):
+            b = min(a + CHUNK_ROWS, n)
+            piece_logits = logits[a:b] if rows is None else logits
+            try:
+                sample_rows(
+                    piece_logits, np.asarray(temperature)[a:b], np.asarray(top_k)[a:b],
+                    np.asarray(top_p)[a:b], np.asarray(u)[a:b], rows=None if rows is None else sel[a:b],
+                    seen=None if seen is None else seen[a:b],
+                    penalty=None if penalty is None else np.asarray(penalty)[a:b],
+                    out=out[a:b], workspace=workspace,
+                )  # fmt: skip
+            except NonFiniteLogitsError as exc:  # every bad row is named, as in one piece
+                failed += [a + r for r in exc.rows]
+        if failed:
+            raise NonFiniteLogitsError(failed)
+        return out
     if v == 0:
         raise ValueError("logits have no columns")
     every_row = n == n_all and (rows is None or bool(np.all(sel == np.arange(n_all))))
@@ -214,12 +245,14 @@ def sample_rows(
     greedy = ~(temp > 0)
     scale = np.where(greedy, np.float32(1.0), temp)
     if np.any(scale != np.float32(1.0)):
-        if every_row:
+        if every_row and bool(np.all(scale == scale[0])):
+            logits /= scale[0]  # one temperature for all (the usual case): a faster pass
+        elif every_row:
             logits /= scale[:, None]
-        else:  # x / 1 == x exactly, so unselected rows are untouched
-            full_scale = np.ones(n_all, dtype=np.float32)
-            full_scale[sel] = scale
-            logits /= full_scale[:, None]
+        else:  # only the selected rows (a pass over all of them would cost the most)
+            sub = logits[sel]
+            sub /= scale[:, None]
+            logits[sel] = sub
     if penalty is not None:
         if seen is None:
             raise ValueError("penalty needs seen")
@@ -259,7 +292,7 @@ def sample_rows(
     if all_sampled:
         np.copyto(work, logits)
     else:
-        np.take(logits, src, axis=0, out=work)
+        np.take(logits, src, axis=0, out=work, mode="clip")  # valid rows; "clip" skips a buffered copy
     if kmax < v:
         work.partition(v - kmax, axis=1)
         top = np.sort(work[:, v - kmax :], axis=1)[:, ::-1]

@@ -163,7 +163,7 @@ class DelayStates:
 
         ``slots`` (B,) distinct slot numbers. ``text_pair_logits`` (B, 2) float32:
         the logits of [gen slot, delay slot]. ``audio_logits`` (B, K, A) float32,
-        modified in place (pad column, temperature, penalty).
+        modified in place (pad column; in steady state also temperature and penalty).
         ``full_text_logits(b)`` is called only for batch rows b whose text must
         be sampled outside audio mode; it returns that row's (V,) float32 text
         logits, which are modified in place. ``out`` (B, 1 + K) int64 receives
@@ -310,7 +310,6 @@ class DelayStates:
         b_n, k_n = amask.shape
         a_n = self.n_audio
         audio_logits[:, :, self.ids.audio_pad_code] = -np.inf
-        flat = audio_logits.reshape(b_n * k_n, a_n)
         u = counter_uniforms(seeds, counters, k_n, AUDIO_STREAM, out=self._u_audio[:b_n]).reshape(
             -1
         )
@@ -319,18 +318,24 @@ class DelayStates:
         top_p = self.audio_top_p[s]
         pen = self.audio_penalty[s]
         use_pen = bool(np.any(pen != np.float32(1.0)))
-        # Rows to sample: all B*K head rows in steady state; during a stream's
-        # first K - 1 steps and its delay flush only some (selected in place,
-        # without gathering the logits).
+        # Rows to sample: all B*K head rows in steady state (one (B*K, A) view, or one
+        # copy when the rows are not evenly spaced: the fused heads' logits sit between text
+        # columns); during a stream's first K - 1 steps and its delay flush only some,
+        # gathered into one (rows, A) copy (no pass over the rows that are not sampled).
         if n_s == b_n * k_n:
-            fi = None
             rb = np.repeat(np.arange(b_n), k_n)
+            kk = np.tile(self._k, b_n)
             u_rows = u
+            flat = audio_logits.reshape(b_n * k_n, a_n)  # a view: the engine hands (B, K*A) rows
         else:
             fi = np.flatnonzero(amask.reshape(-1))
             rb = fi // k_n
+            kk = fi % k_n
             u_rows = u[fi]
-        kk = np.tile(self._k, b_n) if fi is None else fi % k_n
+            if audio_logits.flags.c_contiguous:  # into a buffer kept for it (no allocation)
+                flat = np.take(audio_logits.reshape(b_n * k_n, a_n), fi, axis=0, out=self._workspace.rows(fi.size, a_n), mode="clip")
+            else:
+                flat = audio_logits[rb, kk]
         seen_rows = self.seen[s[rb], kk] if use_pen else None
         try:
             sampled = sample_rows(
@@ -339,7 +344,6 @@ class DelayStates:
                 top_k[rb],
                 top_p[rb],
                 u_rows,
-                rows=fi,
                 seen=seen_rows,
                 penalty=pen[rb] if use_pen else None,
                 workspace=self._workspace,

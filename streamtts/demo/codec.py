@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..codec.onnx import RECEPTIVE_FRAMES_KEY
 from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ, SAMPLE_RATE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -364,5 +365,9 @@ def write_codec(out_dir: str | Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     enc, dec = out / "encoder.onnx", out / "decoder.onnx"
     onnx.save_model(build_encoder_model(), str(enc))
-    onnx.save_model(build_decoder_model(), str(dec))
+    model = build_decoder_model()
+    # The windowed path reads this: more left context than the receptive field changes no
+    # sample, only costs (codec/onnx.py: RECEPTIVE_FRAMES_KEY).
+    onnx.helper.set_model_props(model, {RECEPTIVE_FRAMES_KEY: str(DEMO_DECODER_RECEPTIVE_FRAMES)})
+    onnx.save_model(model, str(dec))
     return enc, dec

@@ -83,7 +83,7 @@ from .tokenizer import write_tokenizer
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the files written change; part of the cache folder name.
-DEMO_MODEL_VERSION = "1"
+DEMO_MODEL_VERSION = "2"
 
 V_TEXT = 151936  # Qwen3's padded text vocabulary (embedding / text head rows)
 GGUF_NAME = "MOSS_TTS_Q4_K_M.gguf"  # the official file name (contents are f16 here)
@@ -116,6 +116,12 @@ PRESETS: dict[str, DemoPreset] = {
     # A backbone step of tens of ms on 2 CPU threads (benchmarks, latency work).
     "mid": DemoPreset(
         "mid", n_embd=1024, n_layer=24, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072, dtype="q4_0"
+    ),
+    # Narrow and deep like the published backbone's 36 layers, Q8_0 (a published quant): many
+    # small kernels per step, so per-operation costs (thread barriers, dispatch) show
+    # (issue #16 measures the engine's overhead on it).
+    "deep": DemoPreset(
+        "deep", n_embd=512, n_layer=36, n_head=8, n_head_kv=4, head_dim=64, n_ff=1536, dtype="q8_0"
     ),
 }
 
@@ -535,7 +541,7 @@ def demo_marker(config_path: str | Path) -> dict[str, Any] | None:
 
 
 def demo_model_main(dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones") -> Path:
-    """``streamtts demo-model DIR [--preset tiny|mid] [--seed N] [--codec tones|real]``."""
+    """``streamtts demo-model DIR [--preset tiny|mid|deep] [--seed N] [--codec tones|real]``."""
     t0 = time.perf_counter()
     cfg = write_demo_model(dir, preset, seed, codec=codec)
     size = sum(f.stat().st_size for f in Path(dir).rglob("*") if f.is_file())

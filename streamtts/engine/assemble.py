@@ -107,6 +107,84 @@ def _auto_threads() -> int:
     return int(c.threads)
 
 
+def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
+    """The GGUF whose output layer holds only the rows the engine reads (found, or written
+    now on first load), or "" for the plain backbone. Why and which kind: on a GPU the audio
+    heads join the backbone's graph (f16 rows: a single-row CUDA matmul does not round the
+    f32 activations; half the memory). On CPU the output layer keeps only the gen/delay text
+    rows, in the backbone's own type, and the audio heads stay one NumPy matmul: the plain
+    backbone computes its whole text head (151936 rows) every step and for every prompt row,
+    while llama.cpp computes the 2 kept rows exactly as it computes them in the full head
+    and NumPy the audio logits as the official pipeline does, so greedy codes stay those of
+    the official algorithm. (Audio rows in llama.cpp on CPU, even f32, change the codes of a
+    quantized model: it quantizes the activations for the text rows, and a prompt whose last
+    row alone is output takes other kernels in the last layer.)"""
+    from ..model.fused import AudioDtype, find_fused_gguf
+    from ..model.fused_convert import ensure_fused
+
+    if cfg.heads_backend not in ("auto", "fused"):
+        return ""
+    gpu = _layers_on_gpu(cfg)
+    dtype: AudioDtype = "f16" if gpu else ("f32" if cfg.heads_backend == "fused" else "text")
+    if not cfg.fuse_on_load:  # off: only a file the user made (fused_gguf, streamtts convert)
+        return find_fused_gguf(cfg, ids)
+    if cfg.fused_gguf:
+        return find_fused_gguf(cfg, ids, auto_dtype=dtype)
+    with _FuseProgress() as progress:
+        return ensure_fused(cfg, ids, dtype, progress)
+
+
+def _layers_on_gpu(cfg: EngineConfig) -> bool:
+    from ..errors import NativeLibraryError
+    from ..model import _llama
+
+    if cfg.n_gpu_layers == 0:
+        return False
+    try:
+        return "cuda build" in _llama.bridge_version()
+    except NativeLibraryError:
+        return False  # the backbone reports the missing library when it loads
+
+
+class _FuseProgress:
+    """A progress bar on a terminal (stderr) while the fused GGUF is written; nothing
+    otherwise (the log says when it starts)."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> _FuseProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if self._bar is None:
+            import sys
+
+            if not sys.stderr.isatty():
+                return
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("writing fused heads GGUF (first load, once)"), BarColumn(),
+                DownloadColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+            )  # fmt: skip
+            self._bar.start()
+            self._task = self._bar.add_task("fuse", total=total)
+        self._bar.update(self._task, completed=done)
+
+
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
     from threadpoolctl import threadpool_limits
 
@@ -120,23 +198,24 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         raise ConfigError("audio_backend 'torch' is not supported (streamtts serves without PyTorch): use onnx or trt")
     if cfg.blas_threads > 0:
         threadpool_limits(limits=cfg.blas_threads, user_api="blas")
-    from ..model.fused import find_fused_gguf
+    mc = find_model_config(cfg)
+    ids = load_token_ids(mc)
+    # explicit fused_gguf, else one found or written next to the backbone (fused_heads)
+    from ..model.fused import read_fused_info
 
-    # explicit fused_gguf, else <backbone>.fused.gguf when it was built from this backbone
-    fused_path = find_fused_gguf(cfg)
-    fused = bool(fused_path)
-    if cfg.heads_backend == "fused" and not fused:
-        raise ConfigError("heads_backend 'fused' needs fused_gguf (write one with `streamtts convert`)")
-    if fused and not cfg.fused_gguf:
+    fused_path = fused_heads(cfg, ids)
+    if fused_path and not cfg.fused_gguf:
         gguf = fused_path
     else:
-        gguf = _require(cfg, "fused_gguf" if fused else "backbone_gguf", "a Qwen3 GGUF backbone")
+        gguf = _require(cfg, "fused_gguf" if fused_path else "backbone_gguf", "a Qwen3 GGUF backbone")
+    # audio heads in llama.cpp's graph, or in NumPy (plain backbone, or a text-rows-only file)
+    fused = bool(fused_path) and read_fused_info(gguf).has_audio
+    if cfg.heads_backend == "fused" and not fused:
+        raise ConfigError("heads_backend 'fused' needs fused_gguf (write one with `streamtts convert`)")
     _require(cfg, "embedding_dir", "the embeddings folder (embed_tokens.npy, emb_ext_XX.npy)")
     _require(cfg, "tokenizer_dir", "the tokenizer folder (tokenizer.json)")
     if not fused:
         _require(cfg, "lm_head_dir", "the LM heads folder (lm_head_audio_XX.npy)")
-    mc = find_model_config(cfg)
-    ids = load_token_ids(mc)
     threads = cfg.n_threads if cfg.n_threads > 0 else _auto_threads()
     streams = cfg.max_streams
     params = BackboneParams(
@@ -155,9 +234,10 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     if cfg.log_llama and backbone_factory is None:
         _llama.set_llama_log(True)
     backbone = (backbone_factory or Backbone)(params)
+    heads: AudioHeads | None = None
     try:
         cols = [ids.gen_slot, ids.delay_slot]
-        if fused:
+        if fused_path:
             from ..model.fused import fused_columns
 
             backbone.set_logit_columns(np.asarray(fused_columns(backbone, ids, path=gguf), dtype=np.int32))
@@ -168,10 +248,12 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
                 )
             backbone.set_logit_columns(np.asarray(cols, dtype=np.int32))
         embedder = Embedder(cfg.embedding_dir, ids, n_embd=backbone.n_embd)
-        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd)
+        heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd, threads=cfg.heads_threads or threads)
         worker = DecodeWorker(_codec(cfg, ids, load_decoder, load_streaming_decoder))
         core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused)
     except BaseException:
+        if heads is not None:
+            heads.close()  # its helper threads
         backbone.close()
         raise
     preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg), backbone.n_ctx_seq)
@@ -184,7 +266,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "backbone": gguf,
         "kv_cache_mib_per_stream": round(kv_stream / 2**20, 1),
         "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),
-        "heads": "fused (llama.cpp)" if fused else "numpy",
+        "heads": "fused (llama.cpp)" if fused else ("numpy (text rows only in llama.cpp)" if fused_path else "numpy"),
         "n_embd": backbone.n_embd,
         "max_streams": streams,
         "n_ctx_per_stream": backbone.n_ctx_seq,
@@ -192,7 +274,9 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "model_config": str(mc) if mc else "defaults",
         "codec": worker.codec.kind,
         "codec_state_mib_per_stream": _codec_state_mib(worker),
-        "decode_context_frames": cfg.decode_context_frames,
+        "decode_context_frames": (
+            worker.codec.context_frames if isinstance(worker.codec, WindowedCodec) else cfg.decode_context_frames
+        ),
     }
     log.info(
         "engine ready: %s heads, %d streams x %d KV cells (%.1f MiB each, %.1f MiB total), "
@@ -213,7 +297,14 @@ def _codec(
     streaming = load_streaming(cfg, cfg.max_streams)
     if streaming is not None:
         return StreamingCodec(streaming, ids.n_vq)
-    return WindowedCodec(load_decoder(cfg), ids.n_vq, cfg.decode_context_frames)
+    decoder = load_decoder(cfg)
+    context = cfg.decode_context_frames
+    reach = getattr(decoder, "receptive_frames", None)
+    if reach is not None and reach - 1 < context:
+        # left context beyond the decoder's declared reach changes no sample, only costs
+        log.info("codec: %d frames of left context are enough (receptive field %d)", reach - 1, reach)
+        context = reach - 1
+    return WindowedCodec(decoder, ids.n_vq, context)
 
 
 def _codec_state_mib(worker: DecodeWorker) -> float:
@@ -231,7 +322,8 @@ def _codec_line(worker: DecodeWorker, cfg: EngineConfig) -> str:
             f"streaming (exact; {dec.path.name}, state {dec.state_bytes_per_slot / 2**20:.1f} MiB "
             f"per stream x {dec.n_slots} slots)"
         )
+    ctx = codec.context_frames if isinstance(codec, WindowedCodec) else cfg.decode_context_frames
     return (
-        f"windowed ({cfg.decode_context_frames} frames of left context; for exact, cheaper "
+        f"windowed ({ctx} frames of left context; for exact, cheaper "
         f"streaming build decoder_streaming.onnx with `streamtts codec build`)"
     )

@@ -176,6 +176,8 @@ class EngineCore:
             self._commands.put(("stop", None))
         if self._thread.is_alive():
             self._thread.join()
+        if self.heads is not None:
+            self.heads.close()
 
     @property
     def active_streams(self) -> int:
@@ -323,8 +325,10 @@ class EngineCore:
         if slots.size:
             t2 = time.perf_counter()
             b = slots.size
-            if self.fused:
-                result.audio = self.logits[:b, 2:].reshape(b, self.ids.n_vq, self.ids.audio_rows)
+            if self.fused:  # one copy into whole rows: the sampler then needs no other
+                audio = self.audio_buf[:b]
+                np.copyto(audio, self.logits[:b, 2:])
+                result.audio = audio.reshape(b, self.ids.n_vq, self.ids.audio_rows)
             else:
                 assert self.heads is not None and self.hidden is not None
                 result.audio = self.heads(self.hidden[:b], self.audio_buf)
@@ -337,7 +341,7 @@ class EngineCore:
         b = run.size
         t0 = time.perf_counter()
         rows = self._rows[:b]
-        np.take(self.next_rows, run, axis=0, out=rows)
+        np.take(self.next_rows, run, axis=0, out=rows, mode="clip")  # "clip": no buffered copy
         if self.embedder is not None:
             self.embedder(rows, out=self.embd[:b])
         kv_pos = self.slots.kv_pos

@@ -55,7 +55,10 @@ FUSED_VERSION = 1
 KEY = "streamtts.fused."
 SUFFIX = ".fused.gguf"
 
-AudioDtype = Literal["f16", "f32"]
+# f16 / f32: the audio rows are in the output layer, in that type. "text": none are; the
+# output layer holds only the text rows, in the source's own type (raw blocks, bit for bit),
+# and the audio heads stay in NumPy (see fused_convert.ensure_fused for why on CPU).
+AudioDtype = Literal["f16", "f32", "text"]
 TextSource = Literal["gguf", "npy"]
 Progress = Callable[[str, int, int], None]  # (what, bytes done, bytes total)
 
@@ -83,12 +86,16 @@ class FusedInfo:
     source_name: str
     source_bytes: int
     heads_digest: str
+    has_audio: bool = True  # False: text rows only (audio heads in NumPy)
 
     def columns(self, ids: TokenIds) -> np.ndarray:
-        """Logit columns in the engine's layout: gen, delay, then the n_vq x audio_rows block."""
+        """Logit columns in the engine's layout: gen, delay, then the n_vq x audio_rows block
+        (only gen, delay for a text-only file)."""
         check_compatible(self, ids)
         gen = self.text_ids.index(ids.gen_slot)
         delay = self.text_ids.index(ids.delay_slot)
+        if not self.has_audio:
+            return np.array([gen, delay], dtype=np.int32)
         audio = np.arange(self.audio_offset, self.audio_offset + self.n_vq * self.audio_rows)
         return np.concatenate([[gen, delay], audio]).astype(np.int32)
 
@@ -150,6 +157,7 @@ def read_fused_info(path: str | os.PathLike[str]) -> FusedInfo:
             source_name=str(_field(r, KEY + "source_name")),
             source_bytes=int(_field(r, KEY + "source_bytes")),
             heads_digest=str(_field(r, KEY + "heads_digest")),
+            has_audio=bool(_field(r, KEY + "has_audio") if _field(r, KEY + "has_audio") is not None else True),
         )
     except (TypeError, ValueError) as exc:  # a key missing (None) or of the wrong type
         raise ModelFileError(p, _EXPECTED, f"incomplete streamtts.fused.* metadata: {exc}") from exc
@@ -158,7 +166,7 @@ def read_fused_info(path: str | os.PathLike[str]) -> FusedInfo:
     problems = []
     if vocab is not None and int(vocab) != rows:
         problems.append(f"{arch}.vocab_size = {vocab} but output.weight has {rows} rows")
-    if info.audio_offset < len(info.text_ids) or end > rows:
+    if info.audio_offset < len(info.text_ids) or (info.has_audio and end > rows):
         problems.append(f"audio rows [{info.audio_offset}, {end}) do not fit {rows} output rows")
     if info.has_text_head and info.text_head_offset + info.text_head_rows > rows:
         problems.append("the text head does not fit the output rows")
@@ -227,6 +235,21 @@ def fused_path_for(backbone_gguf: str | os.PathLike[str]) -> Path:
     return p.with_name(p.stem + SUFFIX)
 
 
+def auto_fused_paths(backbone_gguf: str | os.PathLike[str], dtype: AudioDtype) -> list[Path]:
+    """Where the engine writes (and looks for) the fused GGUF it makes on first load, best
+    first: ``X.fused-f32.gguf`` next to the backbone, else in the cache folder (read-only
+    weights). The audio dtype is in the name: a CPU (f32 rows) and a GPU (f16) engine
+    sharing the weights each find their own. The cache name carries a digest of the
+    backbone's absolute path, so two models with the same file name do not collide
+    (staleness is still checked on the file's own keys)."""
+    from ..paths import cache_dir
+
+    p = Path(backbone_gguf)
+    name = f"{p.stem}.fused-{dtype}.gguf"
+    tag = hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:12]
+    return [p.with_name(name), cache_dir() / "fused" / f"{tag}-{name}"]
+
+
 def heads_digest(lm_head_dir: str | os.PathLike[str], n_vq: int) -> str:
     """Cheap fingerprint of the audio head files (sizes, first and last 64 KiB of each).
 
@@ -248,13 +271,17 @@ def heads_digest(lm_head_dir: str | os.PathLike[str], n_vq: int) -> str:
     return h.hexdigest()[:32]
 
 
-def find_fused_gguf(cfg: EngineConfig, ids: TokenIds | None = None) -> str:
+def find_fused_gguf(
+    cfg: EngineConfig, ids: TokenIds | None = None, auto_dtype: AudioDtype | None = None
+) -> str:
     """The fused GGUF the engine should use for ``cfg``, or "" for NumPy heads.
 
     An explicit ``fused_gguf`` wins. Otherwise ``<backbone>.fused.gguf`` next to
-    ``backbone_gguf`` is picked up when present *and* built from that backbone
-    (file name and size) and the configured audio heads; a stale one is ignored
-    with a warning, so replacing the weights can never silently run old heads.
+    ``backbone_gguf`` (what ``streamtts convert`` writes), then, with ``auto_dtype``,
+    the file the engine writes itself on first load (:func:`auto_fused_paths`), each
+    picked up when present *and* built from that backbone (file name and size) and the
+    configured audio heads; a stale one is ignored with a warning, so replacing the
+    weights can never silently run old heads.
     """
     if cfg.heads_backend not in ("auto", "fused"):
         return ""
@@ -263,19 +290,24 @@ def find_fused_gguf(cfg: EngineConfig, ids: TokenIds | None = None) -> str:
         return cfg.fused_gguf
     if not cfg.backbone_gguf:
         return ""
-    cand = fused_path_for(cfg.backbone_gguf)
-    if not cand.is_file():
-        return ""
-    try:
-        stale = _staleness(read_fused_info(cand), cfg, ids)
-    except ModelFileError as exc:
-        log.warning("ignoring %s: %s", cand, exc)
-        return ""
-    if stale:
-        log.warning("ignoring %s: %s; run `streamtts convert` again", cand, stale)
-        return ""
-    log.info("using fused heads from %s (found next to the backbone)", cand)
-    return str(cand)
+    cands = [fused_path_for(cfg.backbone_gguf)]
+    if auto_dtype is not None:
+        cands += auto_fused_paths(cfg.backbone_gguf, auto_dtype)
+    for cand in cands:
+        if not cand.is_file():
+            continue
+        try:
+            stale = _staleness(read_fused_info(cand), cfg, ids)
+        except ModelFileError as exc:
+            log.warning("ignoring %s: %s", cand, exc)
+            continue
+        if stale:
+            then = "a fresh one is written" if auto_dtype else "run `streamtts convert` again"
+            log.warning("ignoring %s: %s; %s", cand, stale, then)
+            continue
+        log.info("using fused heads from %s", cand)
+        return str(cand)
+    return ""
 
 
 def _staleness(info: FusedInfo, cfg: EngineConfig, ids: TokenIds | None) -> str:
@@ -288,7 +320,7 @@ def _staleness(info: FusedInfo, cfg: EngineConfig, ids: TokenIds | None) -> str:
         and (info.source_name != src.name or info.source_bytes != src.stat().st_size)
     ):
         stale.append(f"built from {info.source_name} ({info.source_bytes} bytes), not {src.name}")
-    if cfg.lm_head_dir and Path(cfg.lm_head_dir).is_dir():
+    if info.has_audio and cfg.lm_head_dir and Path(cfg.lm_head_dir).is_dir():
         n_vq = ids.n_vq if ids is not None else info.n_vq
         if heads_digest(cfg.lm_head_dir, n_vq) != info.heads_digest:
             stale.append(f"its audio heads differ from those in {cfg.lm_head_dir}")

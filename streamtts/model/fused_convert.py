@@ -105,6 +105,11 @@ class _Source:
 
         return gen
 
+    def read_row(self, t: Any, i: int) -> np.ndarray:
+        """Row ``i`` of a 2-D tensor as its raw bytes (blocks, for a quantized type)."""
+        row_bytes = int(t.n_bytes) // int(t.shape[1])
+        return np.frombuffer(self.read(int(t.data_offset) + i * row_bytes, row_bytes), dtype=np.uint8).copy()
+
     def rows(self, t: Any, start: int, n: int) -> np.ndarray:
         """Rows [start, start + n) of a 2-D tensor as float32 (exact dequantization)."""
         from gguf import GGMLQuantizationType as Q
@@ -197,8 +202,10 @@ def convert(
     src = Path(src_gguf)
     if not src.is_file():
         raise ModelFileError(src, "a qwen3 GGUF backbone", "file not found")
-    if audio_dtype not in ("f16", "f32"):
-        raise ConfigError(f"audio_dtype must be f16 or f32, got {audio_dtype!r}")
+    if audio_dtype not in ("f16", "f32", "text"):
+        raise ConfigError(f"audio_dtype must be f16, f32 or text, got {audio_dtype!r}")
+    if audio_dtype == "text" and (include_text_head or text_source != "gguf"):
+        raise ConfigError("audio_dtype 'text' keeps the GGUF's own text rows only (no full text head, no npy rows)")
     if text_source not in ("gguf", "npy"):
         raise ConfigError(f"text_source must be gguf or npy, got {text_source!r}")
     head_dir, found_ids = _resolve_heads(heads)
@@ -262,12 +269,15 @@ def _convert(
     text_src = tensors[text_src_name]
     src_vocab = int(text_src.shape[1])
 
+    text_only = audio_dtype == "text"
     fdtype = Q.F16 if audio_dtype == "f16" else Q.F32
+    if text_only:  # the source's rows as they are: llama.cpp then computes the official logits
+        fdtype = text_src.tensor_type
     npdtype = np.float16 if audio_dtype == "f16" else np.float32
     text_ids = (ids.gen_slot, ids.delay_slot)
     n_text = len(text_ids)
     audio_offset = n_text
-    n_audio = ids.n_vq * ids.audio_rows
+    n_audio = 0 if text_only else ids.n_vq * ids.audio_rows
     head_rows = 0
     text_head_offset = audio_offset + n_audio
     if include_text_head:
@@ -292,13 +302,19 @@ def _convert(
     if text_rows.shape != (n_text, n_embd):
         raise ModelFileError(src, f"text rows of width {n_embd}", f"got {text_rows.shape}")
 
-    audio_paths = [head_dir / f"lm_head_audio_{k:02d}.npy" for k in range(ids.n_vq)]
+    audio_paths = [head_dir / f"lm_head_audio_{k:02d}.npy" for k in range(ids.n_vq) if not text_only]
     for pth in audio_paths:  # fail before writing anything
         _check_head(pth, _load_head(pth, ids.audio_rows, n_embd), ids.audio_rows, n_embd)
 
     out_row_bytes = n_embd * np.dtype(npdtype).itemsize
+    if text_only:
+        out_row_bytes = _row_bytes(fdtype, n_embd)
+        raw_text = [source.read_row(text_src, tid) for tid in text_ids]
 
     def output_chunks() -> Iterator[Any]:
+        if text_only:
+            yield from raw_text
+            return
         yield text_rows.astype(npdtype)
         for pth in audio_paths:  # 8 MB each for the real model: read whole, then dropped
             yield np.load(pth, allow_pickle=False).astype(npdtype, copy=False)
@@ -335,7 +351,7 @@ def _convert(
         _row_bytes(t.tensor_type, shape[-1])  # whole blocks per row, or the file is broken
         plan.append(_Tensor(t.name, shape, t.tensor_type, int(t.n_bytes), source.chunks(t)))
 
-    digest = heads_digest(head_dir, ids.n_vq)
+    digest = "none" if text_only else heads_digest(head_dir, ids.n_vq)
     with gguf_writer_at(out_path, arch) as w:
         alignment = _field(r, "general.alignment")
         if alignment is not None:
@@ -349,6 +365,7 @@ def _convert(
             KEY + "text_ids", list(text_ids), gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32
         )
         w.add_bool(KEY + "has_text_head", include_text_head)
+        w.add_bool(KEY + "has_audio", not text_only)
         w.add_uint32(KEY + "text_head_offset", text_head_offset)
         w.add_uint32(KEY + "text_head_rows", head_rows)
         w.add_string(KEY + "text_source", text_desc)
@@ -389,6 +406,76 @@ def _convert(
         out_path, rows, fdtype.name, out_path.stat().st_size / 1e6, time.perf_counter() - t0,
     )  # fmt: skip
     return info
+
+
+def ensure_fused(
+    cfg: EngineConfig, ids: TokenIds, dtype: AudioDtype, progress: Progress | None = None
+) -> str:
+    """The fused GGUF for ``cfg``: found (:func:`fused.find_fused_gguf`), else written now
+    (once: later loads find it) next to the backbone, or in the cache folder when that
+    folder is read-only or short of space. "" when it cannot be written (a warning says
+    why; the engine then runs the NumPy heads).
+
+    Why by default: on CPU the fused output layer holds only the rows the engine samples
+    (2 text + 32 x 1025 audio), where the plain backbone computes its whole text head
+    (151936 rows) every step and the prompt's last piece outputs every row; a step of the
+    deep demo model costs about 40 % less, and the audio rows in f32 keep greedy codes
+    those of the NumPy heads.
+    """
+    found = fused.find_fused_gguf(cfg, ids, auto_dtype=dtype)
+    if found or not cfg.backbone_gguf or not cfg.lm_head_dir:
+        return found
+    src = Path(cfg.backbone_gguf)
+    if not src.is_file() or not Path(cfg.lm_head_dir).is_dir():
+        return ""  # build_runtime names the missing file
+    try:
+        n_embd = _n_embd(src)
+    except (ValueError, KeyError, IndexError, OSError):
+        return ""  # not a readable GGUF: loading the backbone names the problem
+    audio_bytes = {"f32": 4, "f16": 2, "text": 0}[dtype] * ids.n_vq * ids.audio_rows * n_embd
+    need = int(src.stat().st_size + audio_bytes)
+    why = []
+    for dst in fused.auto_fused_paths(src, dtype):
+        problem = _unwritable(dst.parent, need)
+        if problem:
+            why.append(f"{dst.parent}: {problem}")
+            continue
+        log.info("writing fused heads %s (%s audio rows; once, on first load)", dst, dtype)
+        try:
+            convert(src, cfg, dst, audio_dtype=dtype, ids=ids, progress=progress)
+        except OSError as exc:
+            why.append(f"{dst}: {exc}")
+            continue
+        return str(dst)
+    log.warning(
+        "could not write the fused-heads GGUF (%s); using NumPy heads, a slower step on CPU",
+        "; ".join(why),
+    )
+    return ""
+
+
+def _n_embd(src: Path) -> int:
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    arch = str(_field(r, "general.architecture"))
+    return int(_field(r, f"{arch}.embedding_length") or 0)
+
+
+def _unwritable(folder: Path, need: int) -> str:
+    """Why a file of ``need`` bytes cannot be written into ``folder`` ('' when it can)."""
+    import shutil
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create it ({exc.strerror})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "not writable"
+    free = shutil.disk_usage(folder).free
+    if free < need + (256 << 20):  # leave room for everything else
+        return f"{free / 1e9:.1f} GB free, {need / 1e9:.1f} GB needed"
+    return ""
 
 
 def _load_head(path: Path, rows: int | None, n_embd: int) -> np.ndarray:

@@ -13,6 +13,7 @@ audio logits are ``hidden @ stacked_heads.T`` in float32.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +92,7 @@ class Embedder:
             r = rows[s : s + chunk]
             gv = g[: r.shape[0]]
             gv[:, 0] = self.text[r[:, 0]]
-            np.take(self.audio, r[:, 1:] + self._offsets, axis=0, out=gv[:, 1:])
+            np.take(self.audio, r[:, 1:] + self._offsets, axis=0, out=gv[:, 1:], mode="clip")
             np.add.reduce(gv, axis=1, out=out[s : s + r.shape[0]])
         return out
 
@@ -107,7 +108,9 @@ class Embedder:
         idx = self._idx[:b]
         np.add(rows[:, 1:], self._offsets, out=idx)
         g[:, 0] = self.text[rows[:, 0]]
-        np.take(self.audio, idx, axis=0, out=g[:, 1:])
+        # ids are checked where they enter (check_ids; sampled codes are in range): "clip"
+        # spares the buffered copy that the default "raise" makes with out=
+        np.take(self.audio, idx, axis=0, out=g[:, 1:], mode="clip")
         if out is None:
             out = np.empty((b, self.n_embd), dtype=np.float32)
         # Reducing over a non-contiguous axis adds rows in order (text, cb0, ..., cb31),
@@ -116,10 +119,53 @@ class Embedder:
         return out
 
 
-class AudioHeads:
-    """Audio logits for all 32 codebooks in one matmul: (B, H) -> (B, n_vq, rows)."""
+_ALIGN = 64  # columns; see AudioHeads
 
-    def __init__(self, lm_head_dir: str | Path, ids: TokenIds, n_embd: int) -> None:
+
+class _Helper(threading.Thread):
+    """One thread that runs a part of the heads matmul when told, and sleeps otherwise."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._go = threading.Event()
+        self.done = threading.Event()
+        self._job: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.error: BaseException | None = None
+
+    def submit(self, hidden: np.ndarray, wt: np.ndarray, out: np.ndarray) -> None:
+        self._job = (hidden, wt, out)
+        self.done.clear()
+        self._go.set()
+
+    def stop(self) -> None:
+        self._job = None
+        self._go.set()
+
+    def run(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            job = self._job
+            if job is None:
+                return
+            try:
+                np.matmul(job[0], job[1], out=job[2])
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.error = exc
+            self.done.set()
+
+
+class AudioHeads:
+    """Audio logits for all 32 codebooks in one matmul: (B, H) -> (B, n_vq, rows).
+
+    ``threads`` > 1 cuts the matmul by columns into that many parts, run at once by the
+    calling thread and ``threads - 1`` helper threads, each part one single-threaded BLAS
+    call. Why not BLAS threads: OpenBLAS's workers spin for a while after each call, on the
+    cores llama.cpp's threads need for the next decode (contract section 9); these helpers
+    sleep on an event. Each logit is the same dot product either way (same bits).
+    """
+
+    def __init__(self, lm_head_dir: str | Path, ids: TokenIds, n_embd: int, *, threads: int = 1) -> None:
         d = Path(lm_head_dir)
         self.n_vq = ids.n_vq
         self.rows = ids.audio_rows
@@ -130,14 +176,40 @@ class AudioHeads:
         self._text_path = d / "lm_head_text.npy"
         self._text: np.ndarray | None = None
         self.n_embd = n_embd
-        log.info("audio heads: %d x %d x %d float32", self.n_vq, self.rows, n_embd)
+        total = self.n_vq * self.rows
+        n = max(1, min(threads, total // _ALIGN))
+        # Part boundaries on multiples of _ALIGN columns: BLAS kernels treat a column by its
+        # place in blocks counted from the call's first column (edge columns are summed in
+        # another order), so cuts elsewhere would change the last bits of some logits.
+        self._cuts = [0, *(_ALIGN * round(total * i / n / _ALIGN) for i in range(1, n)), total]
+        self._helpers = [_Helper(f"streamtts-heads-{i}") for i in range(1, n)]
+        for t in self._helpers:
+            t.start()
+        log.info("audio heads: %d x %d x %d float32, %d thread(s)", self.n_vq, self.rows, n_embd, n)
 
     def __call__(self, hidden: np.ndarray, out: np.ndarray) -> np.ndarray:
         """hidden (B, H) float32; out (>=B, n_vq * rows) float32 -> view (B, n_vq, rows)."""
         b = hidden.shape[0]
         o = out[:b]
-        np.matmul(hidden, self._wt, out=o)
+        if not self._helpers:
+            np.matmul(hidden, self._wt, out=o)
+        else:
+            c = self._cuts
+            for i, t in enumerate(self._helpers, start=1):
+                t.submit(hidden, self._wt[:, c[i] : c[i + 1]], o[:, c[i] : c[i + 1]])
+            np.matmul(hidden, self._wt[:, : c[1]], out=o[:, : c[1]])
+            for t in self._helpers:
+                t.done.wait()
+                if t.error is not None:
+                    err, t.error = t.error, None
+                    raise err
         return o.reshape(b, self.n_vq, self.rows)
+
+    def close(self) -> None:
+        """Stop the helper threads (idempotent)."""
+        for t in self._helpers:
+            t.stop()
+        self._helpers = []
 
     def text_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Full text-head logits for one hidden state (memory-mapped; only needed outside audio mode)."""
