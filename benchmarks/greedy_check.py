@@ -22,16 +22,10 @@ from typing import Any
 import numpy as np
 
 from streamtts import Engine
-from streamtts.config import EngineConfig, SamplingParams, find_model_config, load_config
-from streamtts.core.delay import de_delay, drop_pad_frames
-from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
-from streamtts.core.state import reference_init, reference_step
-from streamtts.core.tokens import load_token_ids
+from streamtts.config import SamplingParams, load_config
 from streamtts.demo.model import ensure_demo_model
-from streamtts.model.backbone import Backbone, BackboneParams
-from streamtts.model.weights import AudioHeads, Embedder
+from streamtts.model.official import official_greedy_frames
 from streamtts.request import StreamOptions
-from streamtts.text.normalize import normalize_text
 
 TEXTS = [
     "Hello there, this is a streaming test.",
@@ -39,32 +33,6 @@ TEXTS = [
     "Short.",
     "Numbers like 42 and 1999 are read out, one word at a time, slowly and clearly.",
 ]
-
-
-def official_frames(cfg: EngineConfig, text: str, threads: int, max_new: int) -> np.ndarray:
-    ids = load_token_ids(find_model_config(cfg))
-    prompt = build_prompt(HFTokenizer(cfg.tokenizer_dir), ids, PromptSpec(text=normalize_text(text)))
-    emb = Embedder(cfg.embedding_dir, ids)
-    heads = AudioHeads(cfg.lm_head_dir, ids, emb.n_embd)
-    params = BackboneParams(model_path=cfg.backbone_gguf, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=threads)
-    rows: list[np.ndarray] = []
-    with Backbone(params) as bb:
-        h = np.zeros((1, emb.n_embd), np.float32)
-        logits = np.zeros((1, bb.n_vocab), np.float32)
-        s = prompt.shape[0]
-        out = np.zeros(s, np.int8)
-        out[-1] = 1
-        bb.decode(emb.embed_rows(prompt), np.arange(s, dtype=np.int32), np.zeros(s, np.int32), out, h, logits)
-        state = reference_init(prompt, ids)
-        audio = np.zeros((1, ids.n_vq * ids.audio_rows), np.float32)
-        for t in range(max_new):
-            row = reference_step(state, logits[0], heads(h, audio)[0], SamplingParams.greedy(), 1, ids)
-            rows.append(row)
-            if state.is_stopping:
-                break
-            one = np.ones(1, np.int8)
-            bb.decode(emb.embed_rows(row[None]), np.array([s + t], np.int32), np.zeros(1, np.int32), one, h, logits)
-    return drop_pad_frames(de_delay(np.stack(rows)[:, 1:]), ids.audio_pad_code)
 
 
 async def engine_frames(cfg_path: str, texts: list[str], threads: int, max_new: int) -> tuple[list[np.ndarray], dict[str, Any]]:
@@ -86,7 +54,7 @@ def main() -> int:
     got, info = asyncio.run(engine_frames(cfg_path, TEXTS, a.threads, a.max_new))
     rows = []
     for text, codes in zip(TEXTS, got, strict=True):
-        ref = official_frames(cfg, text, a.threads, a.max_new)
+        ref = official_greedy_frames(cfg, text, a.max_new, threads=a.threads)
         same = codes.shape == ref.shape and bool(np.array_equal(codes, ref))
         first = -1
         if not same:

@@ -14,16 +14,12 @@ import pytest
 from streamtts import Engine
 from streamtts.codec import load_decoder
 from streamtts.config import SamplingParams, find_model_config, load_config
-from streamtts.core.delay import de_delay, drop_pad_frames
-from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt
-from streamtts.core.state import reference_init, reference_step
 from streamtts.core.tokens import load_token_ids
 from streamtts.engine.decoding import _END_RAMP, END_FADE_SAMPLES
 from streamtts.errors import InputError, PromptTooLongError, ReferenceAudioError
-from streamtts.model.backbone import Backbone, BackboneParams
-from streamtts.model.weights import AudioHeads, Embedder
+from streamtts.model import official
+from streamtts.model.weights import AudioHeads
 from streamtts.request import StreamOptions
-from streamtts.text.normalize import normalize_text
 
 TEXT = "Hello there, this is a streaming test."
 GREEDY = StreamOptions(sampling=SamplingParams.greedy(), seed=1)
@@ -49,40 +45,8 @@ async def collect(engine: Engine, text: str = TEXT, **kw: Any) -> tuple[list[Any
 
 
 def official_greedy_frames(demo_model_dir: Path, text: str, max_new: int) -> np.ndarray:
-    """The official llama.cpp pipeline's algorithm, step by step, on our bridge.
-
-    Prefill the whole prompt in one decode (hidden state of the last row), then
-    one row per step: text logits from the GGUF output layer, audio logits from
-    the stacked NumPy heads, the contract's scalar state machine.
-    """
-    cfg = load_config(demo_model_dir / "config.yaml")
-    ids = load_token_ids(find_model_config(cfg))
-    tok = HFTokenizer(cfg.tokenizer_dir)
-    prompt = build_prompt(tok, ids, PromptSpec(text=normalize_text(text)))
-    emb = Embedder(cfg.embedding_dir, ids)
-    heads = AudioHeads(cfg.lm_head_dir, ids, emb.n_embd)
-    params = BackboneParams(model_path=cfg.backbone_gguf, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=1)
-    rows: list[np.ndarray] = []
-    with Backbone(params) as bb:
-        h = np.zeros((1, emb.n_embd), np.float32)
-        logits = np.zeros((1, bb.n_vocab), np.float32)
-        s = prompt.shape[0]
-        out = np.zeros(s, np.int8)
-        out[-1] = 1
-        bb.decode(emb.embed_rows(prompt), np.arange(s, dtype=np.int32), np.zeros(s, np.int32), out, h, logits)
-        state = reference_init(prompt, ids)
-        audio = np.zeros((1, ids.n_vq * ids.audio_rows), np.float32)
-        for t in range(max_new):
-            a = heads(h, audio)[0]
-            row = reference_step(state, logits[0], a, SamplingParams.greedy(), 1, ids)
-            rows.append(row)
-            if state.is_stopping:
-                break
-            bb.decode(
-                emb.embed_rows(row[None]), np.array([s + t], np.int32), np.zeros(1, np.int32),
-                np.ones(1, np.int8), h, logits,
-            )
-    return drop_pad_frames(de_delay(np.stack(rows)[:, 1:]), ids.audio_pad_code)
+    """The official llama.cpp pipeline's algorithm on the demo model (streamtts.model.official)."""
+    return official.official_greedy_frames(load_config(demo_model_dir / "config.yaml"), text, max_new)
 
 
 def test_greedy_codes_match_official_algorithm(demo_model_dir: Path) -> None:
