@@ -51,9 +51,11 @@ class NullBackbone:
         if n == 0:
             return 0
         o = slice(out_offset, out_offset + n)
+        # mode="clip": a plain gather, as cheap as the bridge's copy out of llama.cpp (the
+        # default mode makes a buffered copy with out=, three times the cost)
         if want_hidden and hidden is not None:
-            np.take(self._hidden_src, pos[sel] % 64, axis=0, out=hidden[o])
-        np.take(self._logits_src, pos[sel] % 64, axis=0, out=logits[o])
+            np.take(self._hidden_src, pos[sel] % 64, axis=0, out=hidden[o], mode="clip")
+        np.take(self._logits_src, pos[sel] % 64, axis=0, out=logits[o], mode="clip")
         return n
 
     def copy_logits_row(self, i: int, out: np.ndarray) -> None:

@@ -171,6 +171,18 @@ class ServerProcess:
 
         return dict(json.loads(self.get("/healthz")[1]))
 
+    def generating(self, polls: int = 10) -> bool:
+        """Whether the engine works on a stream within a few polls 10 ms apart: one poll can
+        fall in the short gap between two segments of a text, when nothing is running."""
+        import time
+
+        for _ in range(polls):
+            h = self.health()
+            if h["active_streams"] + h["queued_streams"] >= 1:
+                return True
+            time.sleep(0.01)
+        return False
+
     def metrics(self) -> str:
         return self.get("/metrics")[1].decode()
 

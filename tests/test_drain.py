@@ -155,7 +155,8 @@ def test_a_drain_with_nothing_live_finishes_at_once() -> None:
 # -- a real server whose drain time runs out ---------------------------------------------------
 
 TOKEN = "drain-secret"
-LONG = " ".join(f"This is sentence number {i}, spoken as its own segment." for i in range(20))
+# about 40 s of speech: at 4-8x real time every listener is still taking audio when the cut comes
+LONG = " ".join(f"This is sentence number {i}, spoken as its own segment." for i in range(40))
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +181,9 @@ def small_buffer_socket(port: int, rcvbuf: int) -> socket.socket:
 
 def speech_at_real_time(port: int, body: dict[str, Any]) -> tuple[bytes, bool]:
     """POST a speech request on a raw socket read at about 4x real time: (the body, whether
-    its chunked encoding was complete)."""
+    its chunked encoding was complete). 4096 bytes every 10 ms (~400 KB/s) for SSE (base64 in
+    JSON events), every 20 ms (~200 KB/s) for raw 24 kHz s16le audio."""
+    pause = 0.01 if body.get("stream_format") == "sse" else 0.02
     data = json.dumps(body).encode()
     s = small_buffer_socket(port, 8192)
     s.sendall(
@@ -191,7 +194,7 @@ def speech_at_real_time(port: int, body: dict[str, Any]) -> tuple[bytes, bool]:
     raw = b""
     while chunk := s.recv(4096):
         raw += chunk
-        time.sleep(0.02)  # ~200 KB/s: 24 kHz s16le audio at about 4x real time
+        time.sleep(pause)
     s.close()
     rest = raw.partition(b"\r\n\r\n")[2]
     text = b""
@@ -220,10 +223,11 @@ def test_admin_drain_cuts_what_is_still_running_at_the_timeout_and_exits_0(serve
                 async for frame in ws:
                     if isinstance(frame, bytes):
                         out["audio"] += len(frame)
-                        # a listener taking audio at 4x real time: what the server buffered for
-                        # it (about 2 s of audio) takes 0.5 s, so the cut's error and close
-                        # reach it within the server's close grace (drain.CLOSE_GRACE_S)
-                        await asyncio.sleep(len(frame) / 192000)
+                        # a listener taking audio at 8x real time: what the server buffered for
+                        # it (about 2 s of audio) takes 0.25 s, so the cut's error and close
+                        # reach it well within the server's close grace (drain.CLOSE_GRACE_S,
+                        # 0.75 s; at 4x a loaded machine missed it)
+                        await asyncio.sleep(len(frame) / 384000)
                     elif json.loads(frame)["type"] == "error":
                         out["errors"].append(json.loads(frame))
             except ConnectionClosed:

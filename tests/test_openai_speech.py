@@ -72,22 +72,10 @@ def speech(
         headers = dict(r.headers)
         for chunk in r.iter_bytes():
             if server is not None and not times:
-                assert _still_generating(server), "sent only once generated"
+                assert server.generating(), "sent only once generated"
             times.append(time.monotonic() - t0)
             data += chunk
     return bytes(data), times, headers
-
-
-def _still_generating(server: Any, polls: int = 10) -> bool:
-    """Whether the engine works on a stream within a few polls: the text's later segments
-    are still to come when the first bytes arrive (one poll could fall in the short gap
-    between two segments, or after the last one)."""
-    for _ in range(polls):
-        h = server.health()
-        if h["active_streams"] + h["queued_streams"] >= 1:
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.fixture(scope="module")
