@@ -29,6 +29,7 @@ from streamtts.model.fused import (
     read_fused_info,
 )
 from streamtts.model.fused_convert import convert
+from streamtts.model.official import official_greedy_frames
 from streamtts.model.weights import AudioHeads, Embedder
 from streamtts.request import StreamOptions
 
@@ -560,4 +561,4 @@ def test_engine_greedy_codes_equal_official_algorithm_on_a_quantized_model(quant
     assert info["heads"] == "numpy (text rows only in llama.cpp)"
     cfg = load_config(cfg_path)
     for text, codes in zip(texts, got, strict=True):
-        np.testing.assert_array_equal(codes, greedy_check.official_frames(cfg, text, 1, 60))
+        np.testing.assert_array_equal(codes, official_greedy_frames(cfg, text, 60, threads=1))
