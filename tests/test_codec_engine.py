@@ -187,3 +187,24 @@ def test_demo_marker_records_the_codec(real_codec_model_dir: Path) -> None:
     marker = json.loads((real_codec_model_dir / "streamtts-demo.json").read_text())
     assert marker["codec"] == "real"
     assert (real_codec_model_dir / CODEC / "decoder_streaming.onnx").is_file()
+
+
+def test_beside_a_gpu_codec_the_found_streaming_graph_is_not_picked(
+    real_codec_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The streaming graph runs on the CPU only: when the stateless decoder would run on the
+    GPU, one found beside it is left (windows on the GPU); one the config names is used."""
+    import msgspec
+
+    from streamtts.codec import load_streaming_decoder, onnx_cuda
+    from streamtts.config import load_config
+
+    cfg = msgspec.structs.replace(load_config(real_codec_model_dir / "config.yaml"), use_gpu_audio=True)
+    monkeypatch.setattr(onnx_cuda, "cuda_provider_available", lambda: True)  # no GPU here: the check alone
+    with caplog.at_level(logging.INFO, logger="streamtts.codec"):
+        assert load_streaming_decoder(cfg, 1) is None
+    assert "runs on the GPU" in caplog.text
+    named = msgspec.structs.replace(cfg, codec_streaming=str(real_codec_model_dir / CODEC / "decoder_streaming.onnx"))
+    assert load_streaming_decoder(named, 1) is not None
+    monkeypatch.setattr(onnx_cuda, "cuda_provider_available", lambda: False)  # CPU codec: found and used
+    assert load_streaming_decoder(cfg, 1) is not None

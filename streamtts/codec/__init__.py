@@ -98,6 +98,18 @@ def load_encoder(cfg: EngineConfig) -> AudioEncoder:
     raise _unsupported(backend)
 
 
+def _codec_on_gpu(cfg: EngineConfig) -> bool:
+    """Whether load_decoder would put the stateless decoder on the GPU (trt, or ONNX Runtime's
+    CUDA provider with use_gpu_audio)."""
+    if cfg.audio_backend == "trt":
+        return True
+    if cfg.audio_backend != "onnx" or not cfg.use_gpu_audio:
+        return False
+    from .onnx_cuda import cuda_provider_available
+
+    return bool(cuda_provider_available())
+
+
 STREAMING_NAME = "decoder_streaming.onnx"
 _OFF = {"off", "false", "no", "0", "none"}
 
@@ -131,6 +143,15 @@ def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> StreamingDecoder 
     """
     path, named = find_streaming_decoder(cfg)
     if path is None:
+        return None
+    if not named and _codec_on_gpu(cfg):
+        # The streaming graph runs on ONNX Runtime's CPU provider only (its state tables are
+        # host arrays): beside a GPU it would turn the fastest part into the slowest.
+        log.info(
+            "codec: %s found, but the codec runs on the GPU (use_gpu_audio) and the streaming "
+            "graph has no GPU path yet; decoding in windows on the GPU (codec_streaming: PATH "
+            "forces it, on the CPU)", path,
+        )  # fmt: skip
         return None
     if cfg.audio_backend != "onnx":
         if named:
