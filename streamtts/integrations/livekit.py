@@ -138,6 +138,14 @@ async def _cancel(ctx: ContextStream) -> None:
         await asyncio.wait_for(ctx.cancel(), _CANCEL_TIMEOUT_S)
 
 
+def _start(output_emitter: tts.AudioEmitter, sample_rate: int, *, stream: bool) -> None:
+    """Our audio as LiveKit's emitter takes it: 16-bit mono PCM at the session's rate."""
+    output_emitter.initialize(
+        request_id=utils.shortuuid(), sample_rate=sample_rate, num_channels=1,
+        mime_type="audio/pcm", stream=stream,
+    )  # fmt: skip
+
+
 class ChunkedStream(tts.ChunkedStream):
     """``synthesize()``: one text, one context, its audio streamed out."""
 
@@ -146,12 +154,7 @@ class ChunkedStream(tts.ChunkedStream):
         self._owner: TTS = tts
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        output_emitter.initialize(
-            request_id=utils.shortuuid(),
-            sample_rate=self._owner.sample_rate,
-            num_channels=1,
-            mime_type="audio/pcm",
-        )
+        _start(output_emitter, self._owner.sample_rate, stream=False)
         ctx = await self._owner._context()
         try:
             await ctx.send_text(self._input_text)
@@ -172,13 +175,7 @@ class SynthesizeStream(tts.SynthesizeStream):
         self.context: ContextStream | None = None  # the server context (tests, logs)
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
-        output_emitter.initialize(
-            request_id=utils.shortuuid(),
-            sample_rate=self._owner.sample_rate,
-            num_channels=1,
-            mime_type="audio/pcm",
-            stream=True,
-        )
+        _start(output_emitter, self._owner.sample_rate, stream=True)
         ctx = await self._owner._context()
         self.context = ctx
 
