@@ -61,13 +61,26 @@ def _add_commands(csub: Any) -> None:
     d.add_argument(
         "--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = default)"
     )
+    d.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the state tables live and the graph runs (cuda: onnxruntime-gpu)",
+    )
     d.set_defaults(handler=_decode)
 
 
 def add_parser(sub: Any) -> None:
     """The ``codec`` command of the main CLI (``streamtts codec build|decode``)."""
     p = sub.add_parser("codec", help="exact streaming codec decoder: build, decode")
-    _add_commands(p.add_subparsers(dest="codec_cmd", required=True, metavar="{build,decode}", help="build: the decoders from a checkpoint; decode: a code file through one"))
+    _add_commands(
+        p.add_subparsers(
+            dest="codec_cmd",
+            required=True,
+            metavar="{build,decode}",
+            help="build: the decoders from a checkpoint; decode: a code file through one",
+        )
+    )
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -137,8 +150,14 @@ def _decode(args: argparse.Namespace) -> int:
     chunks = parse_chunks(args.chunks)
     codes, single = load_codes(args.codes)
     dec = StreamingDecoder(
-        args.decoder, n_slots=codes.shape[0], weights=args.weights, threads=args.threads
+        args.decoder,
+        n_slots=codes.shape[0],
+        weights=args.weights,
+        threads=args.threads,
+        device=args.device,
     )
+    if args.device != "cpu":
+        dec.self_check()
     t0 = time.perf_counter()
     pcm = stream_decode(dec, codes, chunks)
     dt = time.perf_counter() - t0

@@ -21,7 +21,7 @@ import pytest
 
 from streamtts import Engine
 from streamtts.config import SamplingParams
-from streamtts.errors import ModelFileError
+from streamtts.errors import CodecError, ConfigError, ModelFileError
 from streamtts.request import StreamOptions
 
 TEXT = "Hello there, this is a streaming test."
@@ -189,11 +189,15 @@ def test_demo_marker_records_the_codec(real_codec_model_dir: Path) -> None:
     assert (real_codec_model_dir / CODEC / "decoder_streaming.onnx").is_file()
 
 
-def test_beside_a_gpu_codec_the_found_streaming_graph_is_not_picked(
+def test_beside_a_gpu_codec_the_streaming_graph_asks_for_the_gpu(
     real_codec_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The streaming graph runs on the CPU only: when the stateless decoder would run on the
-    GPU, one found beside it is left (windows on the GPU); one the config names is used."""
+    """The streaming graph runs where the stateless decoder would: with use_gpu_audio and
+    ONNX Runtime's CUDA provider, on the GPU (its state tables on the device). Here there is
+    no GPU: the provider check alone says yes, so loading on CUDA fails for real, and a graph
+    merely found is passed over with a warning naming what to install (windows instead)
+    while one the config names is an error. Without the provider: the CPU, found and used.
+    TensorRT has no engine of the streaming graph: found is passed over, named is an error."""
     import msgspec
 
     from streamtts.codec import load_streaming_decoder, onnx_cuda
@@ -203,8 +207,14 @@ def test_beside_a_gpu_codec_the_found_streaming_graph_is_not_picked(
     monkeypatch.setattr(onnx_cuda, "cuda_provider_available", lambda: True)  # no GPU here: the check alone
     with caplog.at_level(logging.INFO, logger="streamtts.codec"):
         assert load_streaming_decoder(cfg, 1) is None
-    assert "runs on the GPU" in caplog.text
+    assert "needs ONNX Runtime's CUDA provider: pip install onnxruntime-gpu" in caplog.text
     named = msgspec.structs.replace(cfg, codec_streaming=str(real_codec_model_dir / CODEC / "decoder_streaming.onnx"))
-    assert load_streaming_decoder(named, 1) is not None
+    with pytest.raises(CodecError, match="CUDA provider"):
+        load_streaming_decoder(named, 1)
     monkeypatch.setattr(onnx_cuda, "cuda_provider_available", lambda: False)  # CPU codec: found and used
-    assert load_streaming_decoder(cfg, 1) is not None
+    dec = load_streaming_decoder(cfg, 1)
+    assert dec is not None and dec.device == "cpu"
+    trt = msgspec.structs.replace(cfg, audio_backend="trt")
+    assert load_streaming_decoder(trt, 1) is None
+    with pytest.raises(ConfigError, match="needs audio_backend 'onnx'"):
+        load_streaming_decoder(msgspec.structs.replace(named, audio_backend="trt"), 1)

@@ -12,6 +12,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -462,3 +463,60 @@ def test_random_checkpoint_builds_and_streams_exactly(tmp_path: Path) -> None:
     # a rebuild replaces the model and removes the old data file
     build_decoders(tmp_path / "rnd", external=True)
     assert len(list((tmp_path / "rnd").glob("decoder_streaming.onnx.*.data"))) == 1
+
+
+# -- the state on the device: in place, through I/O binding --------------------------------
+
+
+def test_rings_are_updated_in_place_and_long_calls_split(
+    decoder: StreamingDecoder, codes: np.ndarray, offline: np.ndarray
+) -> None:
+    """The graph writes the new keys into the bound table itself (no host scatter, no copy
+    of the table): the tables are the very arrays bound at load, and they fill up. A call
+    longer than the smallest ring (125 frames here) is split so no entry is written twice."""
+    tables = [t.ctypes.data for t in decoder._host]
+    slot = decoder.acquire()
+    assert not decoder.ring(0, slot).any()
+    assert decoder.max_chunk == 125
+    pcm = decoder.decode([slot], codes[None])[0]  # 300 frames: 3 graph calls
+    assert np.abs(pcm - offline).max() < EXACT
+    assert [t.ctypes.data for t in decoder._host] == tables
+    assert all(decoder.ring(s, slot).any() for s in range(len(decoder.stages)))
+    decoder.release(slot)
+    assert not decoder.ring(0, slot).any()  # zeroed on the CPU
+
+
+def test_self_check_passes_here_and_catches_a_broken_update(decoder: StreamingDecoder) -> None:
+    """The load-time check a GPU runs (chunked = whole) on this CPU, and what it reports
+    when the state is not updated (here: the tables are re-zeroed after every call)."""
+    assert decoder.self_check() < 1e-5
+    assert decoder.active_slots == []
+    real = decoder._decode_part
+
+    def forgetful(*a: Any) -> np.ndarray:
+        out = real(*a)
+        for t in decoder._host:
+            t[...] = 0.0
+        return out
+
+    decoder._decode_part = forgetful  # type: ignore[method-assign]
+    with pytest.raises(CodecError, match="self-check failed on cpu"):
+        decoder.self_check()
+    assert decoder.active_slots == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" not in ort.get_available_providers(),
+    reason="needs onnxruntime-gpu with CUDA",
+)
+def test_on_cuda_the_state_stays_on_the_device_and_streaming_equals_offline(
+    built: tuple[Path, Path, Path], codes: np.ndarray, offline: np.ndarray
+) -> None:
+    dec = StreamingDecoder(built[1], n_slots=2, weights=built[0], device="cuda")
+    assert dec.self_check() < 1e-2
+    assert all(t.device_name() == "cuda" for t in dec._tables) and not dec._host
+    slot = dec.acquire()
+    pcm = _stream(dec, slot, codes, _chunks([1, 2, 4, 8], 300))
+    # loose: the GPU may use TF32 matrix products; a state not kept would be off by O(RMS)
+    assert np.abs(pcm - offline).max() < 2e-2 * float(np.sqrt(np.mean(offline**2)))

@@ -98,16 +98,14 @@ def load_encoder(cfg: EngineConfig) -> AudioEncoder:
     raise _unsupported(backend)
 
 
-def _codec_on_gpu(cfg: EngineConfig) -> bool:
-    """Whether load_decoder would put the stateless decoder on the GPU (trt, or ONNX Runtime's
-    CUDA provider with use_gpu_audio)."""
-    if cfg.audio_backend == "trt":
-        return True
+def _streaming_device(cfg: EngineConfig) -> str:
+    """Where the streaming graph runs: beside the stateless decoder (ONNX Runtime's CUDA
+    provider with use_gpu_audio when it is installed, else the CPU)."""
     if cfg.audio_backend != "onnx" or not cfg.use_gpu_audio:
-        return False
+        return "cpu"
     from .onnx_cuda import cuda_provider_available
 
-    return bool(cuda_provider_available())
+    return "cuda" if cuda_provider_available() else "cpu"
 
 
 STREAMING_NAME = "decoder_streaming.onnx"
@@ -124,7 +122,9 @@ def find_streaming_decoder(cfg: EngineConfig) -> tuple[Path | None, bool]:
         path = Path(value)
         if not path.is_file():
             raise ModelFileError(
-                path, "a streaming codec decoder (streamtts codec build)", "set by 'codec_streaming', not found"
+                path,
+                "a streaming codec decoder (streamtts codec build)",
+                "set by 'codec_streaming', not found",
             )
         return path, True
     if cfg.audio_backend == "onnx" and cfg.audio_decoder_onnx:
@@ -144,29 +144,33 @@ def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> StreamingDecoder 
     path, named = find_streaming_decoder(cfg)
     if path is None:
         return None
-    if not named and _codec_on_gpu(cfg):
-        # The streaming graph runs on ONNX Runtime's CPU provider only (its state tables are
-        # host arrays): beside a GPU it would turn the fastest part into the slowest.
-        log.info(
-            "codec: %s found, but the codec runs on the GPU (use_gpu_audio) and the streaming "
-            "graph has no GPU path yet; decoding in windows on the GPU (codec_streaming: PATH "
-            "forces it, on the CPU)", path,
-        )  # fmt: skip
-        return None
     if cfg.audio_backend != "onnx":
         if named:
             raise ConfigError(
                 f"codec_streaming needs audio_backend 'onnx' (ONNX Runtime), not {cfg.audio_backend!r}"
             )
+        # TensorRT has no engine of the streaming graph (its state is updated in place, which
+        # TensorRT's I/O rules leave undefined): the TensorRT codec decodes in windows
+        log.info(
+            "codec: %s found, but audio_backend is %r; decoding in windows", path, cfg.audio_backend
+        )
         return None
     from .streaming import StreamingDecoder
 
+    device = _streaming_device(cfg)
     try:
-        return StreamingDecoder(
-            path, n_slots=n_slots, threads=cfg.codec_threads, check_recorded_weights=True
+        dec = StreamingDecoder(
+            path,
+            n_slots=n_slots,
+            threads=cfg.codec_threads,
+            check_recorded_weights=True,
+            device=device,
         )
+        if device != "cpu":
+            dec.self_check()  # the in-place state updates, on this device and runtime
     except (ModelFileError, CodecError) as exc:
         if named:
             raise
         log.warning("not using %s: %s; decoding in windows instead", path, exc)
         return None
+    return dec

@@ -9,17 +9,23 @@ official window mask (query p sees keys p-context+1 .. p), positions from 0.
 
 ``streaming``: decodes the next T frames of B streams that have already decoded
 ``positions[b]`` frames. Inputs ``codes`` int64 (32, B, T), ``positions`` int64 (B,),
-``slots`` int64 (B,) and per stage s ``state_s`` float32 (n_slots, L, 2, H, cap, hd): the
-caller's whole slot table (ONNX Runtime reads a NumPy input in place, so nothing is copied
-to call). Outputs ``audio`` float32 (B, T*1920) and per stage ``kv_s`` float32
-(B, L, 2, H, n, hd): the chunk's new keys (after RoPE) and values, which the caller writes
-into the ring (entry = position mod cap). Per stage and layer the graph gathers the
-stream's ring (GatherND on ``[slot, layer, k|v]``), scores the queries against the ring
-and against the chunk's own keys, and masks by absolute position: ring entry j holds the
-newest position q <= P-1 with q = j (mod cap), P = positions * tokens_per_frame; entries
-with q < 0 are empty. With cap = context, the ring holds every key the offline decode
-lets these queries see, so the result is the offline one up to float rounding, for any
-chunking and any mix of positions in a batch.
+``slots`` int64 (B,), ``lengths`` int64 (B,) (row b's real frames, the rest padding) and
+per stage s ``state_s`` float32 (n_slots, L, 2, H, cap, hd): the caller's whole slot
+table. Outputs ``audio`` float32 (B, T*1920) and per stage ``state_out_s``: the table with
+the chunk's new keys (after RoPE) and values written into the rows' rings (entry =
+position mod cap) by one ScatterND. The caller binds ``state_out_s`` to the very buffer
+of ``state_s`` (ONNX Runtime I/O binding, on the CPU or the GPU): ScatterND then updates
+the table in place and no call copies it, so the state can live on the device. The
+writes wait for every read of the stage (their indices depend on the stage's output),
+and a row's padding tokens write back the entries' old values; so a chunk holds at most
+cap / tokens_per_frame frames (no entry twice), which the caller ensures.
+
+Per stage and layer the graph gathers the stream's ring (GatherND on ``[slot, layer,
+k|v]``), scores the queries against the ring and against the chunk's own keys, and masks
+by absolute position: ring entry j holds the newest position q <= P-1 with q = j (mod
+cap), P = positions * tokens_per_frame; entries with q < 0 are empty. With cap = context,
+the ring holds every key the offline decode lets these queries see, so the result is the
+offline one up to float rounding, for any chunking and any mix of positions in a batch.
 
 RoPE is applied at absolute positions (float32 position x float32 frequency, as the
 official code; cos/sin in float64 then rounded, so long streams keep their accuracy).
@@ -209,6 +215,8 @@ class _Stage:
     sin: str  # (B|1, 1, n, hd): [-sin, sin]
     bias: str  # (B|1, 1, n, keys): 0 where a key is visible, -inf elsewhere
     state: str | None = None  # streaming: the stage's slot table input
+    entry: str = ""  # streaming: (B, n) ring entry of each new token
+    valid: str = ""  # streaming: (B, n) the token is a real one (not row padding)
     new_kv: list[str] = field(default_factory=list)
 
 
@@ -235,6 +243,7 @@ class DecoderGraph:
             self.inputs += [
                 h.make_tensor_value_info("positions", tp.INT64, ["batch"]),
                 h.make_tensor_value_info("slots", tp.INT64, ["batch"]),
+                h.make_tensor_value_info("lengths", tp.INT64, ["batch"]),
             ]
             for s, st in enumerate(arch.stages):
                 shape = ["slots_total", st.num_layers, 2, st.num_heads, st.context, st.head_dim]
@@ -327,7 +336,10 @@ class DecoderGraph:
             bias = g.op("Unsqueeze", g.op("Where", valid, zero, ninf), g.i64(1))  # (B,1,n,cap+n)
             pos_f = g.op("Unsqueeze", g.op("Cast", qpos, to=tp.FLOAT), g.i64(2))  # (B, n, 1)
             cos, sin = self._rope(pos_f, st, (1,))
-            self._stage = _Stage(st, cos, sin, bias, state=f"state_{s}")
+            entry = g.op("Mod", qpos, ctx, fmod=0)  # (B, n)
+            real = g.op("Mul", g.op("Unsqueeze", "lengths", g.i64(1)), g.i64(st.tokens_per_frame))
+            valid = g.op("Less", g.op("Unsqueeze", ar, g.i64(0)), real)  # (B, n)
+            self._stage = _Stage(st, cos, sin, bias, state=f"state_{s}", entry=entry, valid=valid)
 
     def _apply_rope(self, x: str, stage: _Stage) -> str:
         g, half = self.g, stage.st.head_dim // 2
@@ -389,19 +401,52 @@ class DecoderGraph:
     def end_stage(self, out_proj: np.ndarray | None, patch_folded: bool) -> None:
         g, stage = self.g, self._stage
         assert stage is not None
-        st, s = stage.st, self._n_stage
+        s = self._n_stage
         if out_proj is not None:
             self.x = g.op("MatMul", self.x, g.weight(f"s{s}_out_proj", out_proj))
         self._patch_folded = patch_folded and out_proj is not None
         if stage.state is not None:
-            kv = g.op("Concat", *stage.new_kv, axis=1)  # (B, 2L, H, n, hd)
-            shape = g.i64(0, st.num_layers, 2, st.num_heads, -1, st.head_dim)
-            g.op("Reshape", kv, shape, out=f"kv_{s}")
-            h, tp = self.onnx.helper, self.onnx.TensorProto
-            dims = ["batch", st.num_layers, 2, st.num_heads, "tokens", st.head_dim]
-            self.outputs.append(h.make_tensor_value_info(f"kv_{s}", tp.FLOAT, dims))
+            self._write_rings(stage, s)
         self._stage = None
         self._n_stage += 1
+
+    def _write_rings(self, stage: _Stage, s: int) -> None:
+        """``state_out_s``: the table with the chunk's keys/values at their ring entries."""
+        g, st, tp = self.g, stage.st, self.onnx.TensorProto
+        assert stage.state is not None
+        n_l, n_h = st.num_layers, st.num_heads
+        kv = g.op("Concat", *stage.new_kv, axis=1)  # (B, 2L, H, n, hd)
+        kv = g.op("Reshape", kv, g.i64(0, n_l, 2, n_h, -1, st.head_dim))  # (B, L, 2, H, n, hd)
+        # In place, the writes must come after every ring read of this stage: adding 0 derived
+        # from the stage's output makes them depend on all its layers (a data dependency any
+        # executor keeps; a NaN output still adds 0: IsNaN is cast to 0 or 1, times 0).
+        probe = g.op("Slice", self.x, g.i64(0, 0, 0), g.i64(1, 1, 1))
+        zero = g.op("Mul", g.op("Cast", g.op("IsNaN", probe), to=tp.INT64), g.i64(0))
+        entry = g.op("Add", stage.entry, g.op("Reshape", zero, g.i64(1, 1)))
+        bn = g.op("Shape", entry)  # [B, n]
+        full = g.op(
+            "Concat",
+            g.op("Slice", bn, g.i64(0), g.i64(1)),
+            g.i64(n_l, 2, n_h),
+            g.op("Slice", bn, g.i64(1), g.i64(2)),
+            g.i64(1),
+            axis=0,
+        )  # [B, L, 2, H, n, 1]
+        parts = [
+            g.op("Reshape", "slots", g.i64(-1, 1, 1, 1, 1, 1)),
+            g.const(np.arange(n_l, dtype=np.int64).reshape(1, n_l, 1, 1, 1, 1)),
+            g.const(np.arange(2, dtype=np.int64).reshape(1, 1, 2, 1, 1, 1)),
+            g.const(np.arange(n_h, dtype=np.int64).reshape(1, 1, 1, n_h, 1, 1)),
+            g.op("Reshape", entry, g.i64(0, 1, 1, 1, -1, 1)),
+        ]
+        idx = g.op("Concat", *(g.op("Expand", p, full) for p in parts), axis=-1)
+        old = g.op("GatherND", stage.state, idx)  # (B, L, 2, H, n, hd): a padding token keeps it
+        valid = g.op("Reshape", stage.valid, g.i64(0, 1, 1, 1, -1, 1))
+        g.op("ScatterND", stage.state, idx, g.op("Where", valid, kv, old), out=f"state_out_{s}")
+        dims = ["slots_total", n_l, 2, n_h, st.context, st.head_dim]
+        self.outputs.append(
+            self.onnx.helper.make_tensor_value_info(f"state_out_{s}", tp.FLOAT, dims)
+        )
 
     def patch(self, p: Patch, width: int) -> None:
         """(B, n, d*h) -> (B, n*h, d); a reshape when the stage before ordered its columns."""

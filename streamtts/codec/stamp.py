@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the graphs' inputs, outputs or state layout change.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 KEY_KIND = "streamtts.codec.kind"  # "streaming" | "offline"
 KEY_BUILDER = "streamtts.codec.builder_version"

@@ -7,14 +7,22 @@ those frames' samples; the result equals decoding each stream's whole code seque
 offline (the official semantics), up to float32 rounding, for any chunking. Unlike
 windowed decoding, no frame is decoded twice and nothing is lost beyond a window.
 
-State layout (allocated once, ``n_slots`` streams): per stage s a float32 array
+State layout (allocated once, ``n_slots`` streams): per stage s a float32 table
 ``(n_slots, layers, 2, heads, capacity, head_dim)`` (``[:, :, 0]`` keys after RoPE, with
 each head's dimensions de-interleaved; ``[:, :, 1]`` values), capacity = the stage's
-attention context in tokens; the key of position q lives at entry ``q % capacity``. The
-whole table is an input of every call (ONNX Runtime reads NumPy inputs in place); the
-graph gathers the rows of the ``slots`` it decodes and returns only the new keys and
-values, which :meth:`StreamingDecoder.decode` writes into the rings with one NumPy
-scatter per stage.
+attention context in tokens; the key of position q lives at entry ``q % capacity``.
+
+The tables live where the graph runs (``device``): host memory on the CPU, device memory
+on CUDA. Each call binds a table both as the input ``state_s`` and as the output
+``state_out_s`` (ONNX Runtime I/O binding); the graph gathers the rows of the ``slots`` it
+decodes and writes the new keys and values into them with ScatterND, in place. Nothing
+but the codes (in) and the samples (out) crosses between host and device, and the CPU
+runs this very code path with ``device="cpu"``.
+
+A released slot is zeroed on the CPU (cheap insurance: empty entries enter the products
+with weight 0, so a non-finite leftover would poison them). On CUDA the table is zeroed
+once at load and a released slot keeps its finite keys, masked with weight exactly 0:
+every value the graph writes is a key or value it computed from codes.
 
 Threads: as :mod:`streamtts.codec.onnx`, no spinning; ``threads`` intra-op threads.
 Not thread-safe: one decode thread owns a decoder.
@@ -49,7 +57,7 @@ log = logging.getLogger(__name__)
 
 _EXPECTED = (
     "a streaming codec decoder built by `streamtts codec build` "
-    f"(builder version {BUILDER_VERSION}: inputs codes, positions, slots, state_*)"
+    f"(builder version {BUILDER_VERSION}: inputs codes, positions, slots, lengths, state_*)"
 )
 
 
@@ -92,7 +100,11 @@ class StreamingDecoder:
         weights: str | Path | None = None,
         threads: int = 0,
         check_recorded_weights: bool = False,
+        device: str = "cpu",
+        device_id: int = 0,
     ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be cpu or cuda, got {device!r}")
         if not str(path):
             raise ConfigError("no streaming decoder path: build one with `streamtts codec build`")
         if not isinstance(n_slots, int) or n_slots < 1:
@@ -108,14 +120,23 @@ class StreamingDecoder:
         if threads > 0:
             opts.intra_op_num_threads = threads
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise CodecError(
+                    "the streaming codec on the GPU needs ONNX Runtime's CUDA provider: "
+                    "pip install onnxruntime-gpu (matching your CUDA), or run it on the CPU"
+                )
+            providers = [("CUDAExecutionProvider", {"device_id": device_id}), *providers]
         try:
             self._sess = ort.InferenceSession(
-                str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
+                str(self.path), sess_options=opts, providers=providers
             )
         except Exception as exc:
             raise ModelFileError(
                 self.path, _EXPECTED, f"ONNX Runtime cannot load it: {exc}"
             ) from exc
+        self.device, self.device_id = device, device_id
         meta = dict(self._sess.get_modelmeta().custom_metadata_map)
         recorded = meta.get(KEY_WEIGHTS, "")
         if weights is None and check_recorded_weights and recorded and Path(recorded).is_dir():
@@ -127,13 +148,24 @@ class StreamingDecoder:
         self.n_slots = n_slots
         self.max_batch = n_slots
         self.state_bytes_per_slot = sum(s.nbytes for s in self.stages)
-        # allocated once; release() zeroes a slot: empty entries are masked, but they still
-        # enter the products with weight 0, where a non-finite leftover would poison them
-        self._state = [np.zeros((n_slots, *s.shape), dtype=np.float32) for s in self.stages]
+        # the most frames one call may write: no ring entry twice (longer calls are split)
+        self.max_chunk = min(s.capacity // s.tokens_per_frame for s in self.stages)
+        # allocated once, zeroed (np.zeros maps zero pages: a device table costs no host RAM)
+        self._host: list[np.ndarray] = []  # the CPU tables (views of the bound buffers)
+        self._tables: list[Any] = []  # the OrtValues bound as state_s and state_out_s
+        for st in self.stages:
+            zeros = np.zeros((n_slots, *st.shape), dtype=np.float32)
+            if device == "cpu":
+                self._host.append(zeros)  # OrtValue wraps it: the same memory
+            self._tables.append(ort.OrtValue.ortvalue_from_numpy(zeros, device, device_id))
+            del zeros
         self._pos = np.zeros(n_slots, dtype=np.int64)
         self._active = np.zeros(n_slots, dtype=bool)
         self._dirty = np.zeros(n_slots, dtype=bool)  # rings hold a finished stream's keys
-        self._in_names = [p.name for p in self._sess.get_inputs()]
+        self._io = self._sess.io_binding()
+        for i, table in enumerate(self._tables):  # bindings persist between calls
+            self._io.bind_ortvalue_input(f"state_{i}", table)
+            self._io.bind_ortvalue_output(f"state_out_{i}", table)
         self.busy_s = 0.0
         log.info(
             "streaming codec decoder %s: %d slots x %.1f MB state (%s)",
@@ -199,7 +231,8 @@ class StreamingDecoder:
 
     def _check_ports(self) -> None:
         ins = {p.name: p for p in self._sess.get_inputs()}
-        want = ["codes", "positions", "slots"] + [f"state_{i}" for i in range(len(self.stages))]
+        n = len(self.stages)
+        want = ["codes", "positions", "slots", "lengths"] + [f"state_{i}" for i in range(n)]
         if sorted(ins) != sorted(want):
             raise ModelFileError(
                 self.path, _EXPECTED, f"its inputs are {sorted(ins)}, expected {want}"
@@ -213,7 +246,7 @@ class StreamingDecoder:
                     f"input state_{i} has shape {dims}, its metadata says {list(st.shape)}",
                 )
         outs = [p.name for p in self._sess.get_outputs()]
-        if outs != ["audio"] + [f"kv_{i}" for i in range(len(self.stages))]:
+        if outs != ["audio"] + [f"state_out_{i}" for i in range(n)]:
             raise ModelFileError(self.path, _EXPECTED, f"its outputs are {outs}")
 
     # -- slots -----------------------------------------------------------------------------
@@ -256,9 +289,14 @@ class StreamingDecoder:
             self._zero(s)
 
     def _zero(self, s: int) -> None:
-        for state in self._state:
-            state[s] = 0.0
+        for table in self._host:  # on the device: see the module docstring
+            table[s] = 0.0
         self._dirty[s] = False
+
+    def ring(self, stage: int, slot: int) -> np.ndarray:
+        """A copy of one slot's ring table of ``stage`` (host or device), for inspection."""
+        table = self._host[stage] if self._host else self._tables[stage].numpy()
+        return np.array(table[self._slot(slot)])
 
     def position(self, slot: int) -> int:
         """Frames decoded so far by the stream in ``slot``."""
@@ -267,6 +305,38 @@ class StreamingDecoder:
     @property
     def active_slots(self) -> list[int]:
         return [int(i) for i in np.flatnonzero(self._active)]
+
+    def self_check(self, frames: int = 6, tolerance: float = 1e-2) -> float:
+        """Decode ``frames`` pseudo-random frames in one call and again in chunks of 1, 2, 3
+        (in a free slot, released after); they must agree. This checks what the tests can
+        only check on the CPU: that this device and runtime update the state in place and
+        only after the stage read it. Returns the largest difference relative to the
+        signal's RMS; raises :class:`CodecError` above ``tolerance`` (loose: GPUs may round
+        matrix products differently for different shapes)."""
+        codes = np.random.default_rng(0).integers(0, 1024, size=(1, frames, 32), dtype=np.int64)
+        slot = self.acquire()
+        try:
+            whole = self.decode([slot], codes)[0]
+            self.reset(slot)
+            parts, t, n = [], 0, 1
+            while t < frames:
+                parts.append(self.decode([slot], codes[:, t : t + n])[0])
+                t, n = t + n, n + 1
+            chunked = np.concatenate(parts)
+        finally:
+            self.release(slot)
+        rms = float(np.sqrt(np.mean(whole.astype(np.float64) ** 2))) or 1.0
+        err = float(np.abs(whole - chunked).max()) / rms
+        if not err <= tolerance:  # NaN fails too
+            raise CodecError(
+                f"streaming codec self-check failed on {self.device}: chunked decoding differs "
+                f"from one call by {err:.3g} x RMS (> {tolerance:g}); this runtime does not "
+                "update the state in place as the graph needs"
+            )
+        log.info(
+            "streaming codec self-check on %s: chunked = whole within %.2g x RMS", self.device, err
+        )
+        return err
 
     # -- decoding --------------------------------------------------------------------------
     def decode(
@@ -289,26 +359,37 @@ class StreamingDecoder:
         fs = self.frame_samples
         if b == 0 or t == 0:
             return np.zeros((b, t * fs), dtype=np.float32)
-        pos = self._pos[slot_arr]
-        feeds: dict[str, Any] = {
-            "codes": np.ascontiguousarray(codes.transpose(2, 0, 1)),  # (32, B, T)
-            "positions": pos,
-            "slots": slot_arr,
-        }
-        for i, state in enumerate(self._state):
-            feeds[f"state_{i}"] = state
-        try:
-            outs = self._sess.run(None, feeds)
-        except Exception as exc:
-            raise CodecError(f"streaming codec decoder failed on {b} x {t} frames: {exc}") from exc
-        audio: np.ndarray = outs[0]
-        for stage, state, kv in zip(self.stages, self._state, outs[1:], strict=True):
-            self._write_ring(stage, state, kv, slot_arr, pos, lens)
-        self._pos[slot_arr] += lens
+        m = self.max_chunk
+        parts = []
+        for start in range(0, t, m):  # a ring entry is written at most once per call
+            n = min(m, t - start)
+            part_lens = np.clip(lens - start, 0, n)
+            parts.append(self._decode_part(slot_arr, codes[:, start : start + n], part_lens))
+        audio = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         short = lens < t
         if short.any():  # padding frames of shorter rows: not audio
             keep = np.arange(t * fs)[None, :] < (lens * fs)[:, None]
             audio = np.where(keep, audio, np.float32(0.0))
+        return audio
+
+    def _decode_part(self, slots: np.ndarray, codes: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """One graph call (T <= max_chunk); the rings are updated in place."""
+        b, t, _ = codes.shape
+        io = self._io
+        # bound by address: the arrays must outlive the run (hence the names)
+        x = np.ascontiguousarray(codes.transpose(2, 0, 1))  # (32, B, T)
+        pos = self._pos[slots]
+        io.bind_cpu_input("codes", x)
+        io.bind_cpu_input("positions", pos)
+        io.bind_cpu_input("slots", slots)
+        io.bind_cpu_input("lengths", lens)
+        audio = np.empty((b, t * self.frame_samples), dtype=np.float32)
+        io.bind_output("audio", "cpu", 0, np.float32, audio.shape, audio.ctypes.data)
+        try:
+            self._sess.run_with_iobinding(io)
+        except Exception as exc:
+            raise CodecError(f"streaming codec decoder failed on {b} x {t} frames: {exc}") from exc
+        self._pos[slots] += lens
         return audio
 
     def _check_slots(self, slots: Sequence[int] | np.ndarray, b: int) -> np.ndarray:
@@ -342,26 +423,3 @@ class StreamingDecoder:
         if b and (arr.min() < 0 or arr.max() > t):
             raise CodecError(f"lengths {arr.tolist()} are not all in 0..{t} (frames per row)")
         return arr
-
-    @staticmethod
-    def _write_ring(
-        stage: StageState,
-        state: np.ndarray,
-        kv: np.ndarray,
-        slots: np.ndarray,
-        pos: np.ndarray,
-        lens: np.ndarray,
-    ) -> None:
-        """Store the chunk's new keys/values (B, L, 2, H, n, hd) at entry position % cap.
-
-        Only each row's real tokens, and of those only the last ``capacity`` (earlier ones
-        would be overwritten in the same ring entries anyway).
-        """
-        k, cap = stage.tokens_per_frame, stage.capacity
-        n = kv.shape[4]
-        valid = lens * k
-        tok = np.arange(n)
-        keep = (tok[None, :] < valid[:, None]) & (tok[None, :] >= valid[:, None] - cap)
-        rows, toks = np.nonzero(keep)
-        entry = (pos[rows] * k + toks) % cap
-        state[slots[rows], :, :, :, entry, :] = kv[rows, :, :, :, toks, :]

@@ -467,6 +467,7 @@ def write_demo_model(
         "seed": seed,
         "behaviour": asdict(b),
         "codec": codec,
+        "codec_builder": _codec_builder(),
         "f_star": b.f_star,
         "final_rms": w.final_rms,
     }
@@ -481,7 +482,9 @@ def write_demo_model(
     return cfg_path
 
 
-default_cache_dir = cache_dir  # ``$STREAMTTS_CACHE`` / ``$XDG_CACHE_HOME/streamtts`` / ``~/.cache/streamtts``
+default_cache_dir = (
+    cache_dir  # ``$STREAMTTS_CACHE`` / ``$XDG_CACHE_HOME/streamtts`` / ``~/.cache/streamtts``
+)
 
 
 def _complete(d: Path) -> bool:
@@ -489,7 +492,15 @@ def _complete(d: Path) -> bool:
         marker = json.loads((d / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+    if marker.get("codec") == "real" and marker.get("codec_builder") != _codec_builder():
+        return False  # its codec graphs were built by another builder version
     return marker.get("version") == DEMO_MODEL_VERSION and (d / "config.yaml").is_file()
+
+
+def _codec_builder() -> int:
+    from ..codec.stamp import BUILDER_VERSION
+
+    return BUILDER_VERSION
 
 
 def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
@@ -540,7 +551,9 @@ def demo_marker(config_path: str | Path) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) else None
 
 
-def demo_model_main(dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones") -> Path:
+def demo_model_main(
+    dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones"
+) -> Path:
     """``streamtts demo-model DIR [--preset tiny|mid|deep] [--seed N] [--codec tones|real]``."""
     t0 = time.perf_counter()
     cfg = write_demo_model(dir, preset, seed, codec=codec)

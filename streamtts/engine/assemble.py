@@ -319,8 +319,8 @@ def _codec_line(worker: DecodeWorker, cfg: EngineConfig) -> str:
     if isinstance(codec, StreamingCodec):
         dec = codec.decoder
         return (
-            f"streaming (exact; {dec.path.name}, state {dec.state_bytes_per_slot / 2**20:.1f} MiB "
-            f"per stream x {dec.n_slots} slots)"
+            f"streaming (exact; {dec.path.name} on the {dec.device.upper()}, state "
+            f"{dec.state_bytes_per_slot / 2**20:.1f} MiB per stream x {dec.n_slots} slots)"
         )
     ctx = codec.context_frames if isinstance(codec, WindowedCodec) else cfg.decode_context_frames
     return (
