@@ -52,8 +52,14 @@ def add_parser(sub: Any) -> None:
         "build-engine", help="build a TensorRT engine for the codec decoder (needs a GPU)"
     )
     b.add_argument(
-        "--kind", choices=["decoder", "encoder"], default="decoder",
-        help="decoder (streaming windows) or encoder (reference clips, batch 1)",
+        "--kind", choices=["decoder", "encoder", "streaming"], default="decoder",
+        help="decoder (streaming windows), encoder (reference clips, batch 1) or streaming "
+        "(the exact stateful decoder, decoder_streaming.onnx)",
+    )  # fmt: skip
+    b.add_argument(
+        "--slots", type=int,
+        help="streaming: stream slots in the engine's state tables (default: the config's "
+        "max_streams)",
     )  # fmt: skip
     b.add_argument(
         "--max-reference-seconds", type=float, default=40.0, help="encoder: longest clip"
@@ -62,7 +68,10 @@ def add_parser(sub: Any) -> None:
         "--config", help="YAML config: takes audio_decoder_onnx / audio_decoder_trt from it; "
         "default: the demo model (unless --onnx is given)",
     )  # fmt: skip
-    b.add_argument("--onnx", help="decoder.onnx (default: the config's audio_decoder_onnx)")
+    b.add_argument(
+        "--onnx", help="decoder.onnx (default: the config's audio_decoder_onnx; streaming: "
+        "decoder_streaming.onnx beside it)",
+    )  # fmt: skip
     b.add_argument(
         "--out",
         help="engine file (default: the config's audio_decoder_trt, else decoder.engine next to the ONNX)",
@@ -86,8 +95,10 @@ def add_parser(sub: Any) -> None:
         "--chunk-frames", type=int, default=8, help="largest number of new frames per window"
     )
     b.add_argument(
-        "--max-frames", type=int, help="longest window in frames (default context + chunk)"
-    )
+        "--max-frames", type=int,
+        help="longest window in frames (default context + chunk; streaming: most new frames "
+        "per call, default 16)",
+    )  # fmt: skip
     b.add_argument(
         "--precision", choices=["tf32", "fp32", "fp16"], default="tf32", help="TensorRT precision"
     )
@@ -205,6 +216,8 @@ def _build_engine(args: argparse.Namespace) -> int:
 
     cfg = _load_cfg(args.config, demo=not args.onnx)
     kind = args.kind
+    if kind == "streaming":
+        return _build_streaming_engine(args, cfg)
     onnx = args.onnx or (getattr(cfg, f"audio_{kind}_onnx") if cfg else "")
     if not onnx:
         raise ConfigError(
@@ -231,6 +244,43 @@ def _build_engine(args: argparse.Namespace) -> int:
     print("use it with:")
     print("  audio_backend: trt")
     print(f"  audio_{kind}_trt: {path}")
+    return 0
+
+
+def _build_streaming_engine(args: argparse.Namespace, cfg: Any) -> int:
+    from .codec import STREAMING_NAME
+    from .codec.trt_build import BuildOptions, build_streaming_engine, describe_streaming_plan
+
+    onnx = args.onnx
+    if not onnx and cfg is not None:
+        named = str(cfg.codec_streaming or "")
+        onnx = named if named.endswith(".onnx") else ""
+        if not onnx and cfg.audio_decoder_onnx:
+            onnx = str(Path(cfg.audio_decoder_onnx).with_name(STREAMING_NAME))
+    if not onnx:
+        raise ConfigError(
+            "streamtts build-engine --kind streaming needs --onnx decoder_streaming.onnx or a "
+            "--config with audio_decoder_onnx (the streaming graph beside it)"
+        )
+    slots = args.slots or (cfg.max_streams if cfg is not None else 32)
+    out = args.out or str(Path(onnx).with_suffix(".engine"))
+    opts = BuildOptions(
+        max_batch=min(args.max_batch, slots),
+        batch_buckets=tuple(args.batch_buckets) if args.batch_buckets else None,
+        chunk_frames=args.chunk_frames,
+        precision=args.precision,
+        workspace_bytes=int(args.workspace_gb * (1 << 30)),
+    )
+    max_frames = args.max_frames or 16
+    print(describe_streaming_plan(opts, slots, max_frames))
+    if args.dry_run:
+        return 0
+    t0 = time.monotonic()
+    path = build_streaming_engine(onnx, out, opts, slots, max_frames)
+    print(f"wrote {path} (and {path.name}.json) in {time.monotonic() - t0:.0f} s")
+    print("use it with:")
+    print("  audio_backend: trt")
+    print(f"  codec_streaming: {path}   # or leave it beside audio_decoder_trt")
     return 0
 
 

@@ -197,7 +197,7 @@ def test_beside_a_gpu_codec_the_streaming_graph_asks_for_the_gpu(
     no GPU: the provider check alone says yes, so loading on CUDA fails for real, and a graph
     merely found is passed over with a warning naming what to install (windows instead)
     while one the config names is an error. Without the provider: the CPU, found and used.
-    TensorRT has no engine of the streaming graph: found is passed over, named is an error."""
+    With audio_backend trt the ONNX graph is not used (tests/test_trt_streaming.py: its engine)."""
     import msgspec
 
     from streamtts.codec import load_streaming_decoder, onnx_cuda
@@ -215,6 +215,6 @@ def test_beside_a_gpu_codec_the_streaming_graph_asks_for_the_gpu(
     dec = load_streaming_decoder(cfg, 1)
     assert dec is not None and dec.device == "cpu"
     trt = msgspec.structs.replace(cfg, audio_backend="trt")
-    assert load_streaming_decoder(trt, 1) is None
-    with pytest.raises(ConfigError, match="needs audio_backend 'onnx'"):
+    assert load_streaming_decoder(trt, 1) is None  # no engine of it beside the TensorRT decoder
+    with pytest.raises(ConfigError, match="goes with audio_backend 'trt'"):
         load_streaming_decoder(msgspec.structs.replace(named, audio_backend="trt"), 1)

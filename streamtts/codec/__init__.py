@@ -21,7 +21,7 @@ from ..errors import CodecError, ConfigError, ModelFileError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import EngineConfig
-    from .streaming import StreamingDecoder
+    from .slots import SlotDecoder
 
 __all__ = [
     "AudioDecoder",
@@ -109,12 +109,14 @@ def _streaming_device(cfg: EngineConfig) -> str:
 
 
 STREAMING_NAME = "decoder_streaming.onnx"
+STREAMING_ENGINE_NAME = "decoder_streaming.engine"  # streamtts build-engine --kind streaming
 _OFF = {"off", "false", "no", "0", "none"}
 
 
 def find_streaming_decoder(cfg: EngineConfig) -> tuple[Path | None, bool]:
     """The streaming decoder to use and whether the config named it (else: found beside
-    ``audio_decoder_onnx``); ``(None, False)`` for the windowed path."""
+    ``audio_decoder_onnx``, or with ``audio_backend: trt`` its engine beside
+    ``audio_decoder_trt``); ``(None, False)`` for the windowed path."""
     value = str(cfg.codec_streaming or "").strip()
     if value.lower() in _OFF:
         return None, False
@@ -131,10 +133,14 @@ def find_streaming_decoder(cfg: EngineConfig) -> tuple[Path | None, bool]:
         near = Path(cfg.audio_decoder_onnx).with_name(STREAMING_NAME)
         if near.is_file():
             return near, False
+    if cfg.audio_backend == "trt" and cfg.audio_decoder_trt:
+        near = Path(cfg.audio_decoder_trt).with_name(STREAMING_ENGINE_NAME)
+        if near.is_file():
+            return near, False
     return None, False
 
 
-def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> StreamingDecoder | None:
+def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> SlotDecoder | None:
     """The stateful decoder when one is configured or found, else None (windowed path).
 
     One found beside ``decoder.onnx`` that is stale (built from other weights than the
@@ -144,17 +150,12 @@ def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> StreamingDecoder 
     path, named = find_streaming_decoder(cfg)
     if path is None:
         return None
+    if cfg.audio_backend == "trt" or path.suffix == ".engine":
+        return _load_trt_streaming(cfg, path, named, n_slots)
     if cfg.audio_backend != "onnx":
-        if named:
-            raise ConfigError(
-                f"codec_streaming needs audio_backend 'onnx' (ONNX Runtime), not {cfg.audio_backend!r}"
-            )
-        # TensorRT has no engine of the streaming graph (its state is updated in place, which
-        # TensorRT's I/O rules leave undefined): the TensorRT codec decodes in windows
-        log.info(
-            "codec: %s found, but audio_backend is %r; decoding in windows", path, cfg.audio_backend
+        raise ConfigError(
+            f"codec_streaming needs audio_backend 'onnx' (ONNX Runtime), not {cfg.audio_backend!r}"
         )
-        return None
     from .streaming import StreamingDecoder
 
     device = _streaming_device(cfg)
@@ -174,3 +175,23 @@ def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> StreamingDecoder 
         log.warning("not using %s: %s; decoding in windows instead", path, exc)
         return None
     return dec
+
+
+def _load_trt_streaming(
+    cfg: EngineConfig, path: Path, named: bool, n_slots: int
+) -> SlotDecoder | None:
+    """The TensorRT engine of the streaming graph (``audio_backend: trt``)."""
+    if cfg.audio_backend != "trt" or path.suffix != ".engine":
+        raise ConfigError(
+            f"codec_streaming {path}: a TensorRT engine (.engine) goes with audio_backend 'trt', "
+            "an ONNX graph (.onnx) with audio_backend 'onnx'"
+        )
+    from .trt_streaming import load_trt_streaming_decoder
+
+    try:
+        return load_trt_streaming_decoder(path, n_slots)
+    except (ModelFileError, CodecError) as exc:
+        if named:
+            raise
+        log.warning("not using %s: %s; decoding in windows instead", path, exc)
+        return None

@@ -29,7 +29,7 @@ import ctypes
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -273,14 +273,21 @@ class _Cuda:
 
 
 class CudaTrtRuntime:
-    """:class:`TrtRuntime` on a deserialized TensorRT engine and a CUDA stream of its own."""
+    """:class:`TrtRuntime` on a deserialized TensorRT engine and a CUDA stream of its own.
 
-    def __init__(self, engine_path: str | Path, kind: Kind, device: int = 0) -> None:
+    ``kind`` "streaming" is the stateful decoder's engine (``decoder_streaming.onnx``: main
+    input ``codes``); it is a decoder otherwise (``self.kind``)."""
+
+    def __init__(
+        self, engine_path: str | Path, kind: Kind | Literal["streaming"], device: int = 0
+    ) -> None:
         self.path = Path(engine_path)
         if not self.path.is_file():
             raise ModelFileError(
                 self.path, f"a TensorRT {kind} engine (streamtts build-engine)", "file not found"
             )
+        self.stateful = kind == "streaming"
+        kind = "decoder" if kind == "streaming" else kind
         self.trt = trt = import_tensorrt()
         self.cuda = _Cuda(import_cudart())
         self.kind: Kind = kind
@@ -298,7 +305,7 @@ class CudaTrtRuntime:
             )  # fmt: skip
         self.engine = engine
         self.io = [self._io(engine.get_tensor_name(i)) for i in range(engine.num_io_tensors)]
-        main = codec_roles(self.io)["main_in"].name
+        main = "codes" if self.stateful else codec_roles(self.io)["main_in"].name
         self.profiles = [
             profile_from_input(kind, *engine.get_tensor_profile_shape(main, p))
             for p in range(engine.num_optimization_profiles)
@@ -310,6 +317,7 @@ class CudaTrtRuntime:
         )
         self._contexts = self._make_contexts()
         self._dev: dict[str, int] = {}
+        self._owned: list[int] = []  # device allocations (aliased buffers share one)
         self._host: dict[str, np.ndarray] = {}
         self._host_ptr: dict[str, int] = {}
 
@@ -362,12 +370,18 @@ class CudaTrtRuntime:
     def allocate(self, plan: BufferPlan) -> None:
         cu = self.cuda
         for spec in plan.buffers:
-            ptr = int(cu.check("cudaMallocHost", cu.rt.cudaMallocHost(spec.nbytes)))
-            self._host_ptr[spec.name] = ptr
-            buf = (ctypes.c_uint8 * spec.nbytes).from_address(ptr)
-            self._host[spec.name] = np.ctypeslib.as_array(buf)
-            if spec.device:
-                self._dev[spec.name] = int(cu.check("cudaMalloc", cu.rt.cudaMalloc(spec.nbytes)))
+            if spec.host:
+                ptr = int(cu.check("cudaMallocHost", cu.rt.cudaMallocHost(spec.nbytes)))
+                self._host_ptr[spec.name] = ptr
+                buf = (ctypes.c_uint8 * spec.nbytes).from_address(ptr)
+                self._host[spec.name] = np.ctypeslib.as_array(buf)
+            if spec.device and not spec.alias_of:
+                ptr = int(cu.check("cudaMalloc", cu.rt.cudaMalloc(spec.nbytes)))
+                self._dev[spec.name] = ptr
+                self._owned.append(ptr)
+        for spec in plan.buffers:
+            if spec.alias_of:  # an output written in place into an input's memory
+                self._dev[spec.name] = self._dev[spec.alias_of]
         for ctx in self._contexts:
             for spec in plan.buffers:
                 # shape tensors are read from host memory; everything else from the device
@@ -395,6 +409,15 @@ class CudaTrtRuntime:
             cu.rt.cudaMemcpyAsync(self._host_ptr[name], self._dev[name], nbytes, kind, self.stream),
         )
 
+    def memset(self, name: str, offset: int, nbytes: int) -> None:
+        """Zero bytes [offset, offset + nbytes) of a device buffer, on the codec stream."""
+        self._set_device()
+        cu = self.cuda
+        cu.check(
+            "cudaMemsetAsync",
+            cu.rt.cudaMemsetAsync(self._dev[name] + offset, 0, nbytes, self.stream),
+        )
+
     def set_shape(self, profile: int, name: str, shape: tuple[int, ...]) -> None:
         if not self._contexts[profile].set_input_shape(name, shape):
             raise CodecError(
@@ -415,13 +438,13 @@ class CudaTrtRuntime:
     def close(self) -> None:
         cu = self.cuda
         self._contexts = []
-        for ptr in self._dev.values():
+        for ptr in self._owned:
             cu.rt.cudaFree(ptr)
         for ptr in self._host_ptr.values():
             cu.rt.cudaFreeHost(ptr)
         if self._scratch:
             cu.rt.cudaFree(self._scratch)
-        self._dev, self._host, self._host_ptr, self._scratch = {}, {}, {}, 0
+        self._dev, self._owned, self._host, self._host_ptr, self._scratch = {}, [], {}, {}, 0
 
 
 def _engine_path(value: str, key: str) -> str:

@@ -12,6 +12,7 @@ Engines are tied to the GPU model and TensorRT version that built them.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ from .trt_plan import (
     ProfileShape,
     plan_buffers,
     reference_profiles,
+    stateful_profiles,
     streaming_profiles,
 )
 
@@ -172,3 +174,101 @@ def build_decoder_engine(
     onnx_path: str | os.PathLike[str], out: str | os.PathLike[str], opts: BuildOptions
 ) -> Path:
     return build_engine(onnx_path, out, opts, "decoder")
+
+
+def describe_streaming_plan(opts: BuildOptions, slots: int, max_frames: int) -> str:
+    """The stateful decoder engine's profiles (the state per slot depends on the ONNX)."""
+    profiles = stateful_profiles(opts.max_batch, opts.chunk_frames, max_frames, opts.batch_buckets)
+    lines = [
+        f"TensorRT streaming decoder engine, {opts.precision}, {slots} stream slots, "
+        f"{len(profiles)} profile(s):"
+    ]
+    for i, p in enumerate(profiles):
+        lines.append(
+            f"  profile {i}: batch {p.batch[0]}..{p.batch[2]} (opt {p.batch[1]}), "
+            f"new frames {p.frames[0]}..{p.frames[2]} (opt {p.frames[1]})"
+        )
+    return "\n".join(lines)
+
+
+def streaming_onnx_meta(onnx_path: Path) -> dict[str, str]:
+    """The build metadata of ``decoder_streaming.onnx`` (read without its weights)."""
+    from .graph import import_onnx
+
+    onnx = import_onnx()
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
+        raise ModelFileError(onnx_path, "decoder_streaming.onnx", f"unreadable: {exc}") from exc
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def build_streaming_engine(
+    onnx_path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    opts: BuildOptions,
+    slots: int,
+    max_frames: int = 16,
+) -> Path:
+    """An engine of ``decoder_streaming.onnx`` with ``slots`` stream slots, and its .json."""
+    from .slots import check_build_meta
+    from .trt import import_tensorrt
+    from .trt_streaming import sidecar_path
+
+    src = Path(onnx_path)
+    if not src.is_file():
+        raise ModelFileError(src, "decoder_streaming.onnx (streamtts codec build)", "file not found")
+    if slots < 1:
+        raise CodecError(f"--slots must be >= 1, got {slots}")
+    meta = streaming_onnx_meta(src)
+    stages, _, _ = check_build_meta(src, meta, None, "decoder_streaming.onnx (streamtts codec build)")
+    ring_limit = min(s.capacity // s.tokens_per_frame for s in stages)
+    t_max = max(1, min(max_frames, ring_limit))
+    trt = import_tensorrt()
+    t0 = time.monotonic()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(_network_flags(trt))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(src)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise ModelFileError(src, "an ONNX TensorRT can parse", errors or "parse failed")
+    inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
+    want = ["codes", "positions", "slots", "lengths"] + [f"state_{i}" for i in range(len(stages))]
+    if sorted(inputs) != sorted(want):
+        raise ModelFileError(src, f"the streaming decoder (inputs {want})", f"inputs {sorted(inputs)}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_bytes)
+    _set_precision(trt, config, opts.precision)
+    for p in stateful_profiles(opts.max_batch, opts.chunk_frames, t_max, opts.batch_buckets):
+        prof = builder.create_optimization_profile()
+        (b0, b1, b2), (f0, f1, f2) = p.batch, p.frames
+        prof.set_shape("codes", (32, b0, f0), (32, b1, f1), (32, b2, f2))
+        for name in ("positions", "slots", "lengths"):
+            prof.set_shape(name, (b0,), (b1,), (b2,))
+        for i, st in enumerate(stages):  # the slot tables: fixed
+            shape = (slots, *st.shape)
+            prof.set_shape(f"state_{i}", shape, shape, shape)
+        config.add_optimization_profile(prof)
+    log.info("building the TensorRT streaming decoder engine from %s (this takes minutes)", src)
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise CodecError(f"TensorRT could not build an engine from {src} (see its log above)")
+    dst = Path(out)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    side = sidecar_path(dst)
+    for path, data in ((dst, bytes(memoryview(blob))), (side, _sidecar(meta, slots, src))):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    log.info("wrote %s (%.0f MB) in %.0f s", dst, dst.stat().st_size / 1e6, time.monotonic() - t0)
+    return dst
+
+
+def _sidecar(meta: dict[str, str], slots: int, src: Path) -> bytes:
+    from .trt_streaming import KEY_SLOTS
+
+    out = dict(meta)
+    out[KEY_SLOTS] = str(slots)
+    out["streamtts.codec.onnx"] = src.name
+    return (json.dumps(out, indent=2, sort_keys=True) + "\n").encode()

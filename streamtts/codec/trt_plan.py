@@ -116,6 +116,26 @@ def streaming_profiles(
     return profiles
 
 
+def stateful_profiles(
+    max_batch: int,
+    chunk_frames: int,
+    max_frames: int,
+    buckets: Sequence[int] | None = None,
+) -> list[ProfileShape]:
+    """Profiles of the stateful streaming decoder (``decoder_streaming.onnx``): only new
+    frames go in (no left context), so a call is 1..``max_frames`` frames, optimum
+    ``chunk_frames``; one profile per batch bucket as for windows."""
+    if chunk_frames < 1 or max_frames < 1:
+        raise ValueError("chunk_frames and max_frames must be >= 1")
+    t_opt = min(chunk_frames, max_frames)
+    profiles = []
+    lo = 1
+    for hi in batch_buckets(max_batch, buckets):
+        profiles.append(ProfileShape((lo, hi, hi), (1, t_opt, max_frames)))
+        lo = hi + 1
+    return profiles
+
+
 def reference_profiles(max_seconds: float, opt_seconds: float = 8.0) -> list[ProfileShape]:
     """Encoder profile for reference clips (batch 1, as the official build)."""
     t_max = max(1, int(np.ceil(max_seconds * SAMPLE_RATE / FRAME_SAMPLES)))
@@ -191,11 +211,14 @@ class BufferSpec:
     """One I/O buffer: bytes on the device, and whether a pinned host mirror is kept."""
 
     name: str
-    role: Literal["main_in", "n_quantizers", "main_out", "lengths"]
+    role: Literal[
+        "main_in", "n_quantizers", "main_out", "lengths", "rows", "state", "state_out"
+    ]
     dtype: str
     nbytes: int
     device: bool
     host: bool
+    alias_of: str = ""  # bound to that buffer's device memory (allocated once, for both)
 
     def elements(self) -> int:
         return self.nbytes // np.dtype(self.dtype).itemsize
@@ -234,7 +257,7 @@ class BufferPlan:
             n = int(np.prod(main_input_shape(self.kind, b, t)))
         elif role == "main_out":
             n = int(np.prod(main_output_shape(self.kind, b, t)))
-        elif role == "lengths":
+        elif role in ("lengths", "rows"):
             n = b
         else:
             return 0  # n_quantizers: written once at load
@@ -245,9 +268,18 @@ class BufferPlan:
             )
         return nbytes
 
+    def transfer_bytes_of(self, name: str, b: int, t: int) -> int:
+        """As transfer_bytes, for the buffer called ``name`` (several share a role)."""
+        spec = next(x for x in self.buffers if x.name == name)
+        if spec.role == "rows":
+            if not 0 < b <= self.max_batch:
+                raise ValueError(f"a batch of {b} is more than the buffers hold ({self.max_batch})")
+            return b * np.dtype(spec.dtype).itemsize
+        return self.transfer_bytes(spec.role, b, t)
+
     @property
     def device_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers if b.device)
+        return sum(b.nbytes for b in self.buffers if b.device and not b.alias_of)
 
     @property
     def host_bytes(self) -> int:
@@ -304,3 +336,49 @@ def n_quantizers_shape(t: IOTensor) -> tuple[int, ...] | None:
     if all(d > 0 for d in t.shape):
         return None
     return tuple(1 if d < 0 else d for d in t.shape)
+
+
+STATEFUL_INPUTS = ("codes", "positions", "slots", "lengths")
+
+
+def plan_stateful_buffers(
+    io: Sequence[IOTensor], profiles: Sequence[ProfileShape], table_bytes: Sequence[int]
+) -> BufferPlan:
+    """Buffers of the stateful streaming decoder engine: codes, positions, slots, lengths
+    and audio with pinned host mirrors, sized for the largest call; per stage one device
+    table of ``table_bytes[s]`` (every slot's rings: no host mirror, never copied), bound
+    both as ``state_s`` and as ``state_out_s`` (the graph updates it in place)."""
+    names = [t.name for t in io]
+    n = len(table_bytes)
+    want_in = [*STATEFUL_INPUTS, *(f"state_{i}" for i in range(n))]
+    want_out = ["audio", *(f"state_out_{i}" for i in range(n))]
+    ins = [t.name for t in io if t.is_input]
+    outs = [t.name for t in io if not t.is_input]
+    if sorted(ins) != sorted(want_in) or sorted(outs) != sorted(want_out):
+        raise ValueError(
+            f"expected inputs {want_in} and outputs {want_out} (decoder_streaming.onnx), got "
+            f"{', '.join(names)}"
+        )
+    by = {t.name: t for t in io}
+    b_max, t_max = limits(profiles)
+    specs = []
+    for name in STATEFUL_INPUTS:
+        t = by[name]
+        item = np.dtype(t.dtype).itemsize
+        if name == "codes":
+            nbytes = int(np.prod(main_input_shape("decoder", b_max, t_max))) * item
+            specs.append(BufferSpec(name, "main_in", t.dtype, nbytes, device=True, host=True))
+        else:
+            specs.append(BufferSpec(name, "rows", t.dtype, b_max * item, device=True, host=True))
+    a = by["audio"]
+    nbytes = b_max * t_max * FRAME_SAMPLES * np.dtype(a.dtype).itemsize
+    specs.append(BufferSpec("audio", "main_out", a.dtype, nbytes, device=True, host=True))
+    for i, size in enumerate(table_bytes):
+        specs.append(BufferSpec(f"state_{i}", "state", "float32", size, device=True, host=False))
+        specs.append(
+            BufferSpec(
+                f"state_out_{i}", "state_out", "float32", size, device=True, host=False,
+                alias_of=f"state_{i}",
+            )  # fmt: skip
+        )
+    return BufferPlan("decoder", b_max, t_max, tuple(specs))

@@ -2,7 +2,7 @@
 
 Two ways to turn a stream's frames into audio, one per kind of decoder:
 
-* **Streaming** (``decoder_streaming.onnx``, :class:`~streamtts.codec.streaming.StreamingDecoder`):
+* **Streaming** (``decoder_streaming.onnx``, :class:`~streamtts.codec.slots.SlotDecoder`: ONNX Runtime or TensorRT):
   each stream owns a decoder slot (its attention state) from its first frames to its end;
   every call decodes only the new frames of every ready stream, and the result equals the
   offline decode of the whole utterance. A slot is acquired at a stream's first chunk and
@@ -29,7 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from ..codec import AudioDecoder
-from ..codec.streaming import StreamingDecoder
+from ..codec.slots import SlotDecoder
 from ..constants import FRAME_SAMPLES
 from ..errors import CodecError
 from ..request import AudioChunk
@@ -157,7 +157,7 @@ class StreamingCodec:
 
     kind = "streaming"
 
-    def __init__(self, decoder: StreamingDecoder, n_vq: int) -> None:
+    def __init__(self, decoder: SlotDecoder, n_vq: int) -> None:
         self.decoder = decoder
         self.n_vq = n_vq
         self.max_batch = decoder.max_batch
