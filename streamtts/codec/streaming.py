@@ -119,7 +119,13 @@ class StreamingDecoder(SlotDecoder):
             zeros = np.zeros((n_slots, *st.shape), dtype=np.float32)
             if device == "cpu":
                 self._host.append(zeros)  # OrtValue wraps it: the same memory
-            self._tables.append(ort.OrtValue.ortvalue_from_numpy(zeros, device, device_id))
+            try:
+                self._tables.append(ort.OrtValue.ortvalue_from_numpy(zeros, device, device_id))
+            except Exception as exc:  # e.g. out of device memory
+                raise CodecError(
+                    f"cannot hold the streaming codec state on {device}: {n_slots} slots x "
+                    f"{self.state_bytes_per_slot / 2**20:.0f} MiB ({exc}); lower max_streams"
+                ) from exc
             del zeros
         self._io = self._sess.io_binding()
         for i, table in enumerate(self._tables):  # bindings persist between calls
