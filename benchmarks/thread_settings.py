@@ -35,6 +35,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "heads on 1 thread (heads_threads 1)": {"heads_threads": 1},
     "heads on 2 BLAS threads (blas_threads 2, heads_threads 1)": {"blas_threads": 2, "heads_threads": 1},
     "codec on 1 ONNX Runtime thread (codec_threads 1)": {"codec_threads": 1},
+    "codec threads at nice 10 (codec_nice 10)": {"codec_nice": 10},
+    "codec threads at nice 19 (codec_nice 19)": {"codec_nice": 19},
 }
 
 
@@ -54,14 +56,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (fixed, so settings compare)")
     ap.add_argument("--json")
+    ap.add_argument("--only", nargs="+", metavar="KEY", help="run only the settings whose name contains one of these (the default always)")
     a = ap.parse_args()
     cfg = a.config or str(ensure_demo_model())
-    rows: dict[str, list[dict[str, float]]] = {k: [] for k in SETTINGS}
+    chosen = {k: v for k, v in SETTINGS.items() if not a.only or not v or any(o in k for o in a.only)}
+    rows: dict[str, list[dict[str, float]]] = {k: [] for k in chosen}
     load0 = os.getloadavg()[0]
     for rep in range(a.reps):
-        names = list(SETTINGS) if rep % 2 == 0 else list(SETTINGS)[::-1]
+        names = list(chosen) if rep % 2 == 0 else list(chosen)[::-1]
         for name in names:
-            kw = {"n_threads": a.threads, **SETTINGS[name]}
+            kw = {"n_threads": a.threads, **chosen[name]}
             w_short, _, _ = asyncio.run(one(cfg, kw, SHORT_STEPS))
             w_long, prof, ttfa = asyncio.run(one(cfg, kw, LONG_STEPS))
             row = {"slope_ms": 1000 * (w_long - w_short) / (LONG_STEPS - SHORT_STEPS), "ttfa_ms": 1000 * ttfa}
@@ -75,7 +79,7 @@ def main() -> None:
         "load_average_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "settings": {
             name: {
-                "kw": SETTINGS[name],
+                "kw": chosen[name],
                 **{k: round(statistics.median(r[k] for r in rs), 2) for k in rs[0]},
                 "slope_per_rep_ms": [round(r["slope_ms"], 2) for r in rs],
             }

@@ -127,6 +127,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     max_buffered_s: float = 20.0  # backpressure high-water mark (audio not yet consumed)
     resume_buffered_s: float = 10.0  # low-water mark
     codec_threads: int = 0  # ONNX Runtime intra-op threads for the codec (0 = default)
+    # Linux: nice value of the codec's threads (0..19; 0 = as the backbone's): on few cores
+    # a higher one lets the codec take idle moments instead of stalling llama.cpp's threads
+    codec_nice: int = 0
     blas_threads: int = 1  # NumPy BLAS threads (audio heads); spinning BLAS threads fight llama.cpp's
     # threads of the NumPy audio heads' matmul (ours, sleeping between steps; each part one
     # single-threaded BLAS call); 0 = as many as llama.cpp's threads (their cores are idle then)
@@ -156,6 +159,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_streams < 1:
             raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
+        if not 0 <= self.codec_nice <= 19:
+            raise ConfigError(f"codec_nice must be 0..19, got {self.codec_nice}")
         if self.heads_threads < 0:
             raise ConfigError(f"heads_threads must be >= 0 (0 = llama.cpp's thread count), got {self.heads_threads}")
         if self.n_threads < 0:

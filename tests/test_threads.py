@@ -104,3 +104,54 @@ def test_profile_warns_when_steps_run_far_above_their_cost(capsys: Any, mean: fl
     assert ("another process is probably using the CPU" in err) == warns
     if warns:
         assert "--n-threads 1" in err and "4.4x the fastest" in err
+
+
+# -- codec_nice: the codec's threads at a lower priority (Linux) --------------------------
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_lower_priority_changes_only_the_given_threads() -> None:
+    import os
+    import threading
+
+    from streamtts.engine.priority import lower_priority, thread_ids
+
+    ready, done = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def worker() -> None:
+        tid.append(threading.get_native_id())
+        ready.set()
+        done.wait(10)
+
+    before = thread_ids()
+    t = threading.Thread(target=worker)
+    t.start()
+    ready.wait(10)
+    assert thread_ids() - before == {tid[0]}
+    me = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert lower_priority([tid[0], 2**30], 7) == 1  # an id that is no thread is skipped
+    assert os.getpriority(os.PRIO_PROCESS, tid[0]) == 7
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == me  # not the caller
+    done.set()
+    t.join()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_engine_runs_its_codec_thread_at_codec_nice(demo_model_dir: Path) -> None:
+    import asyncio
+    import os
+
+    from streamtts import Engine
+    from streamtts.errors import ConfigError
+
+    async def nice_of_decode_thread() -> int:
+        async with Engine.from_config(demo_model_dir / "config.yaml", codec_nice=5) as e:
+            async for _ in e.stream("Hi there."):
+                pass
+            worker = e._decoder
+            return os.getpriority(os.PRIO_PROCESS, worker._thread.native_id)
+
+    assert asyncio.run(nice_of_decode_thread()) == 5
+    with pytest.raises(ConfigError, match="codec_nice must be 0..19"):
+        Engine.from_config(demo_model_dir / "config.yaml", codec_nice=20)

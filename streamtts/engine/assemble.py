@@ -16,6 +16,7 @@ from ..errors import ConfigError, ModelFileError
 from .core import EngineCore
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
 from .prepare import Preparer
+from .priority import thread_ids
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,10 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
             backbone.set_logit_columns(np.asarray(cols, dtype=np.int32))
         embedder = Embedder(cfg.embedding_dir, ids, n_embd=backbone.n_embd)
         heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd, threads=cfg.heads_threads or threads)
-        worker = DecodeWorker(_codec(cfg, ids, load_decoder, load_streaming_decoder))
+        before = thread_ids()  # the codec's runtime starts its worker threads on load
+        codec = _codec(cfg, ids, load_decoder, load_streaming_decoder)
+        codec_threads = frozenset(thread_ids() - before)
+        worker = DecodeWorker(codec, nice=cfg.codec_nice, codec_threads=codec_threads)
         core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused)
     except BaseException:
         if heads is not None:

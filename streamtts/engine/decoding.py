@@ -33,6 +33,7 @@ from ..codec.slots import SlotDecoder
 from ..constants import FRAME_SAMPLES
 from ..errors import CodecError
 from ..request import AudioChunk
+from .priority import lower_priority
 from .sink import StreamSink
 
 log = logging.getLogger(__name__)
@@ -193,8 +194,17 @@ class StreamingCodec:
 
 
 class DecodeWorker:
-    def __init__(self, codec: _Codec, max_batch: int | None = None) -> None:
+    def __init__(
+        self,
+        codec: _Codec,
+        max_batch: int | None = None,
+        *,
+        nice: int = 0,
+        codec_threads: frozenset[int] = frozenset(),
+    ) -> None:
         self.codec = codec
+        self.nice = nice  # codec_nice: this thread and the codec's own (codec_threads)
+        self._codec_threads = codec_threads
         self.max_batch = max(1, min(max_batch or codec.max_batch, codec.max_batch))
         self._jobs: queue.SimpleQueue[DecodeJob | None] = queue.SimpleQueue()
         self._held: list[DecodeJob] = []  # jobs deferred behind an earlier job of the same stream
@@ -215,6 +225,9 @@ class DecodeWorker:
 
     # -- thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.nice > 0:
+            n = lower_priority({threading.get_native_id(), *self._codec_threads}, self.nice)
+            log.debug("codec threads at nice %d: %d", self.nice, n)
         while True:
             batch = self._next_batch()
             if batch is None:
