@@ -65,6 +65,15 @@ LONG = " ".join(
 SHORT_STEPS, LONG_STEPS = 100, 300
 
 
+def emit(report: dict[str, Any], path: str | None) -> None:
+    """Print the report as JSON, and write it to ``path`` too when one is given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
 def _ms(xs: list[float]) -> float:
     return 1000.0 * statistics.median(xs)
 
@@ -328,11 +337,7 @@ def main() -> None:
             "ttfa_vs_limit_official": round(med["ttfa_ms"] / official_ttfa, 3),
             "ttfa_vs_limit_engine_file": round(med["ttfa_ms"] / file_ttfa, 3),
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(report, a.json)
 
 
 if __name__ == "__main__":

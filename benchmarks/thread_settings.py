@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_overhead import LONG, LONG_STEPS, SHORT_STEPS  # noqa: E402
+from step_overhead import LONG, LONG_STEPS, SHORT_STEPS, emit  # noqa: E402
 
 from streamtts import Engine  # noqa: E402
 from streamtts.demo.model import ensure_demo_model  # noqa: E402
@@ -86,11 +86,7 @@ def main() -> None:
             for name, rs in rows.items()
         },
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(report, a.json)
 
 
 if __name__ == "__main__":

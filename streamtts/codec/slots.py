@@ -25,9 +25,19 @@ from ..errors import CodecError, ModelFileError
 from .onnx import check_codes
 from .stamp import BUILDER_VERSION, KEY_BUILDER, KEY_KIND, KEY_LAYOUT, KEY_STAMP, weights_stamp
 
-__all__ = ["SlotDecoder", "StageState", "check_build_meta", "rebuild_hint"]
+__all__ = [
+    "STATEFUL_INPUTS",
+    "SlotDecoder",
+    "StageState",
+    "check_build_meta",
+    "rebuild_hint",
+    "ring_chunk_limit",
+]
 
 log = logging.getLogger(__name__)
+
+#: The streaming graph's inputs before its per-stage ``state_s`` tables.
+STATEFUL_INPUTS = ("codes", "positions", "slots", "lengths")
 
 
 def rebuild_hint(weights: str | None) -> str:
@@ -52,6 +62,11 @@ class StageState:
     @property
     def nbytes(self) -> int:
         return 4 * int(np.prod(self.shape))
+
+
+def ring_chunk_limit(stages: list[StageState]) -> int:
+    """The most frames one graph call may take: no ring entry is written twice."""
+    return min(s.capacity // s.tokens_per_frame for s in stages)
 
 
 def check_build_meta(
@@ -122,14 +137,13 @@ class SlotDecoder:
         self.n_slots = n_slots
         self.max_batch = max(1, min(max_batch, n_slots))
         self.state_bytes_per_slot = sum(s.nbytes for s in self.stages)
-        # the most frames one graph call may take: no ring entry written twice (and what
-        # the runtime accepts); decode() splits longer calls
-        chunk = min(s.capacity // s.tokens_per_frame for s in self.stages)
+        # the most frames one graph call may take (ring_chunk_limit, and what the runtime
+        # accepts); decode() splits longer calls
+        chunk = ring_chunk_limit(self.stages)
         self.max_chunk = max(1, min(chunk, max_frames or chunk))
         self._pos = np.zeros(n_slots, dtype=np.int64)
         self._active = np.zeros(n_slots, dtype=bool)
         self._dirty = np.zeros(n_slots, dtype=bool)  # rings hold a finished stream's keys
-        self.busy_s = 0.0
 
     # -- what a runtime implements -------------------------------------------------------------
     def _decode_part(self, slots: np.ndarray, codes: np.ndarray, lens: np.ndarray) -> np.ndarray:

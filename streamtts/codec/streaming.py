@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import CodecError, ConfigError, ModelFileError
 from .onnx import _import_ort
-from .slots import SlotDecoder, StageState, check_build_meta, rebuild_hint
+from .slots import STATEFUL_INPUTS, SlotDecoder, StageState, check_build_meta, rebuild_hint
 from .stamp import BUILDER_VERSION, KEY_STAMP, KEY_WEIGHTS
 
 __all__ = ["StageState", "StreamingDecoder"]
@@ -142,7 +142,7 @@ class StreamingDecoder(SlotDecoder):
     def _check_ports(self) -> None:
         ins = {p.name: p for p in self._sess.get_inputs()}
         n = len(self.stages)
-        want = ["codes", "positions", "slots", "lengths"] + [f"state_{i}" for i in range(n)]
+        want = [*STATEFUL_INPUTS, *(f"state_{i}" for i in range(n))]
         if sorted(ins) != sorted(want):
             raise ModelFileError(
                 self.path, _EXPECTED, f"its inputs are {sorted(ins)}, expected {want}"

@@ -128,20 +128,13 @@ def build_engine(
         raise ModelFileError(src, f"the codec's {kind}.onnx", "file not found")
     trt = import_tensorrt()
     t0 = time.monotonic()
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(_network_flags(trt))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(src)):  # also resolves external weight files next to it
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise ModelFileError(src, f"an ONNX {kind} TensorRT can parse", errors or "parse failed")
+    net = _Parsed(trt, src, kind)
+    builder, network = net.builder, net.network
     if network.num_inputs != 2:
         raise ModelFileError(
             src, f"the codec {kind} (2 inputs)", f"it has {network.num_inputs} inputs"
         )
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_bytes)
-    _set_precision(trt, config, opts.precision)
+    config = net.config(opts)
     main, nq = network.get_input(0), network.get_input(1)
     for p in opts.profiles(kind):
         prof = builder.create_optimization_profile()
@@ -156,18 +149,48 @@ def build_engine(
             prof.set_shape_input(nq.name, [32] * n, [32] * n, [32] * n)
         config.add_optimization_profile(prof)
     log.info("building the TensorRT %s engine from %s (this takes minutes)", kind, src)
-    blob = builder.build_serialized_network(network, config)
-    if blob is None:
-        raise CodecError(
-            f"TensorRT could not build an engine from {src} (see the TensorRT log above)"
-        )
     dst = Path(out)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(bytes(memoryview(blob)))
-    os.replace(tmp, dst)
+    _write_atomic(dst, net.build(config))
     log.info("wrote %s (%.0f MB) in %.0f s", dst, dst.stat().st_size / 1e6, time.monotonic() - t0)
     return dst
+
+
+class _Parsed:
+    """An ONNX file parsed into a TensorRT network (the parser owns the weights until the
+    build, so it lives as long as this object)."""
+
+    def __init__(self, trt: Any, src: Path, what: str) -> None:
+        self.trt, self.src = trt, src
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.builder = trt.Builder(self.logger)
+        self.network = self.builder.create_network(_network_flags(trt))
+        self.parser = trt.OnnxParser(self.network, self.logger)
+        # parse_from_file also resolves external weight files next to it
+        if not self.parser.parse_from_file(str(src)):
+            p = self.parser
+            errors = "; ".join(str(p.get_error(i)) for i in range(p.num_errors))
+            raise ModelFileError(src, f"an ONNX {what} TensorRT can parse", errors or "parse failed")
+
+    def config(self, opts: BuildOptions) -> Any:
+        config = self.builder.create_builder_config()
+        config.set_memory_pool_limit(self.trt.MemoryPoolType.WORKSPACE, opts.workspace_bytes)
+        _set_precision(self.trt, config, opts.precision)
+        return config
+
+    def build(self, config: Any) -> bytes:
+        blob = self.builder.build_serialized_network(self.network, config)
+        if blob is None:
+            raise CodecError(
+                f"TensorRT could not build an engine from {self.src} (see the TensorRT log above)"
+            )
+        return bytes(memoryview(blob))
+
+
+def _write_atomic(dst: Path, data: bytes) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, dst)
 
 
 def build_decoder_engine(
@@ -211,56 +234,42 @@ def build_streaming_engine(
     max_frames: int = 16,
 ) -> Path:
     """An engine of ``decoder_streaming.onnx`` with ``slots`` stream slots, and its .json."""
-    from .slots import check_build_meta
+    from .slots import STATEFUL_INPUTS, check_build_meta, ring_chunk_limit
     from .trt import import_tensorrt
     from .trt_streaming import sidecar_path
 
     src = Path(onnx_path)
+    expected = "decoder_streaming.onnx (streamtts codec build)"
     if not src.is_file():
-        raise ModelFileError(src, "decoder_streaming.onnx (streamtts codec build)", "file not found")
+        raise ModelFileError(src, expected, "file not found")
     if slots < 1:
         raise CodecError(f"--slots must be >= 1, got {slots}")
     meta = streaming_onnx_meta(src)
-    stages, _, _ = check_build_meta(src, meta, None, "decoder_streaming.onnx (streamtts codec build)")
-    ring_limit = min(s.capacity // s.tokens_per_frame for s in stages)
-    t_max = max(1, min(max_frames, ring_limit))
+    stages, _, _ = check_build_meta(src, meta, None, expected)
+    t_max = max(1, min(max_frames, ring_chunk_limit(stages)))
     trt = import_tensorrt()
     t0 = time.monotonic()
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(_network_flags(trt))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(src)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise ModelFileError(src, "an ONNX TensorRT can parse", errors or "parse failed")
-    inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
-    want = ["codes", "positions", "slots", "lengths"] + [f"state_{i}" for i in range(len(stages))]
-    if sorted(inputs) != sorted(want):
-        raise ModelFileError(src, f"the streaming decoder (inputs {want})", f"inputs {sorted(inputs)}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_bytes)
-    _set_precision(trt, config, opts.precision)
+    net = _Parsed(trt, src, "streaming decoder")
+    builder, network = net.builder, net.network
+    inputs = sorted(network.get_input(i).name for i in range(network.num_inputs))
+    want = [*STATEFUL_INPUTS, *(f"state_{i}" for i in range(len(stages)))]
+    if inputs != sorted(want):
+        raise ModelFileError(src, f"the streaming decoder (inputs {want})", f"inputs {inputs}")
+    config = net.config(opts)
     for p in stateful_profiles(opts.max_batch, opts.chunk_frames, t_max, opts.batch_buckets):
         prof = builder.create_optimization_profile()
         (b0, b1, b2), (f0, f1, f2) = p.batch, p.frames
         prof.set_shape("codes", (32, b0, f0), (32, b1, f1), (32, b2, f2))
-        for name in ("positions", "slots", "lengths"):
+        for name in STATEFUL_INPUTS[1:]:  # (B,) each
             prof.set_shape(name, (b0,), (b1,), (b2,))
         for i, st in enumerate(stages):  # the slot tables: fixed
             shape = (slots, *st.shape)
             prof.set_shape(f"state_{i}", shape, shape, shape)
         config.add_optimization_profile(prof)
     log.info("building the TensorRT streaming decoder engine from %s (this takes minutes)", src)
-    blob = builder.build_serialized_network(network, config)
-    if blob is None:
-        raise CodecError(f"TensorRT could not build an engine from {src} (see its log above)")
     dst = Path(out)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    side = sidecar_path(dst)
-    for path, data in ((dst, bytes(memoryview(blob))), (side, _sidecar(meta, slots, src))):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+    _write_atomic(dst, net.build(config))
+    _write_atomic(sidecar_path(dst), _sidecar(meta, slots, src))
     log.info("wrote %s (%.0f MB) in %.0f s", dst, dst.stat().st_size / 1e6, time.monotonic() - t0)
     return dst
 

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from ..constants import FRAME_SAMPLES, N_VQ, SAMPLE_RATE
+from .slots import STATEFUL_INPUTS
 
 Kind = Literal["decoder", "encoder"]
 
@@ -107,11 +108,17 @@ def streaming_profiles(
     t_max = max_frames if max_frames is not None else context_frames + chunk_frames
     if t_max < 1:
         raise ValueError(f"max_frames must be >= 1, got {t_max}")
-    t_opt = min(context_frames + chunk_frames, t_max)
+    return _bucketed(max_batch, buckets, (1, min(context_frames + chunk_frames, t_max), t_max))
+
+
+def _bucketed(
+    max_batch: int, buckets: Sequence[int] | None, frames: tuple[int, int, int]
+) -> list[ProfileShape]:
+    """One profile per batch bucket, each for ``frames`` (min, opt, max)."""
     profiles = []
     lo = 1
     for hi in batch_buckets(max_batch, buckets):
-        profiles.append(ProfileShape((lo, hi, hi), (1, t_opt, t_max)))
+        profiles.append(ProfileShape((lo, hi, hi), frames))
         lo = hi + 1
     return profiles
 
@@ -127,13 +134,7 @@ def stateful_profiles(
     ``chunk_frames``; one profile per batch bucket as for windows."""
     if chunk_frames < 1 or max_frames < 1:
         raise ValueError("chunk_frames and max_frames must be >= 1")
-    t_opt = min(chunk_frames, max_frames)
-    profiles = []
-    lo = 1
-    for hi in batch_buckets(max_batch, buckets):
-        profiles.append(ProfileShape((lo, hi, hi), (1, t_opt, max_frames)))
-        lo = hi + 1
-    return profiles
+    return _bucketed(max_batch, buckets, (1, min(chunk_frames, max_frames), max_frames))
 
 
 def reference_profiles(max_seconds: float, opt_seconds: float = 8.0) -> list[ProfileShape]:
@@ -337,8 +338,6 @@ def n_quantizers_shape(t: IOTensor) -> tuple[int, ...] | None:
         return None
     return tuple(1 if d < 0 else d for d in t.shape)
 
-
-STATEFUL_INPUTS = ("codes", "positions", "slots", "lengths")
 
 
 def plan_stateful_buffers(

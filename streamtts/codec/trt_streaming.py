@@ -33,10 +33,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import CodecError, ModelFileError
-from .slots import SlotDecoder, check_build_meta
+from .slots import STATEFUL_INPUTS, SlotDecoder, check_build_meta
 from .stamp import BUILDER_VERSION, KEY_STAMP
 from .trt import TrtRuntime
-from .trt_plan import STATEFUL_INPUTS, BufferPlan, choose_profile, limits, plan_stateful_buffers
+from .trt_plan import BufferPlan, choose_profile, limits, plan_stateful_buffers
 
 __all__ = ["SIDECAR_SUFFIX", "StatefulTrtRuntime", "TrtStreamingDecoder", "read_sidecar"]
 
