@@ -46,6 +46,7 @@ REPO="$(dirname "$HERE")"
 CACHE_ROOT="${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}"
 NATIVE_DIR="$CACHE_ROOT/native"
 BRIDGE_SRC="$HERE/bridge.c"
+SAMPLER_SRC="$HERE/sampler.c"
 BRIDGE_NAME="libstreamtts_bridge.so"
 
 VARIANT=cpu
@@ -328,15 +329,15 @@ shopt -u nullglob
 step 6 "compiling the bridge ($BRIDGE_NAME)"
 LOG="$OUT/bridge.log"
 BRIDGE_CMD=(
-    "$CC" -std=c11 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Wno-unused-parameter
+    "$CC" -std=c11 -O3 -g -fPIC -shared -pthread -Wall -Wextra -Wno-unused-parameter
     "-DSTT_LLAMA_SOURCE=\"$SRC_ID, $VARIANT build\""
     -I"$LLAMA_DIR/include" -I"$LLAMA_DIR/ggml/include"
-    "$BRIDGE_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
-    -L"$LIB" -lllama -lggml -lggml-base -lggml-cpu
+    "$BRIDGE_SRC" "$SAMPLER_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
+    -L"$LIB" -lllama -lggml -lggml-base -lggml-cpu -lm
     "-Wl,-rpath,\$ORIGIN" -Wl,--no-undefined
 )
 BRIDGE_STAMP="$LIB/bridge.stamp"
-BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
+BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
     | sha256sum | cut -c1-32)|${BRIDGE_CMD[*]}"
 if [[ -f "$LIB/$BRIDGE_NAME" && -f "$BRIDGE_STAMP" && "$(cat "$BRIDGE_STAMP")" == "$BRIDGE_HASH" ]]; then
     note "up to date"

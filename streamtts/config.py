@@ -130,10 +130,16 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # Linux: nice value of the codec's threads (0..19; 0 = as the backbone's): on few cores
     # a higher one lets the codec take idle moments instead of stalling llama.cpp's threads
     codec_nice: int = 0
+    # the backbone's compute and the codec's calls take turns instead of running at once:
+    # "auto" = when both run on the CPU (they share its cores), "always", "never"
+    codec_turns: str = "auto"
     blas_threads: int = 1  # NumPy BLAS threads (audio heads); spinning BLAS threads fight llama.cpp's
     # threads of the NumPy audio heads' matmul (ours, sleeping between steps; each part one
     # single-threaded BLAS call); 0 = as many as llama.cpp's threads (their cores are idle then)
     heads_threads: int = 0
+    # token sampler: "native" (native/sampler.c, built with the bridge) or "numpy"
+    # (core/sampling.py); the same tokens for the same seed, the native one several times faster
+    sampler: str = "native"
     log_llama: bool = False  # forward llama.cpp's own log lines
     # llama.cpp's CPU workers between decodes: 0 = they sleep, up to 100 = they spin;
     # -1 = llama.cpp's own thread pool (which spins at 50)
@@ -161,6 +167,10 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
         if not 0 <= self.codec_nice <= 19:
             raise ConfigError(f"codec_nice must be 0..19, got {self.codec_nice}")
+        if self.codec_turns not in ("auto", "always", "never"):
+            raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
+        if self.sampler not in ("native", "numpy"):
+            raise ConfigError(f"sampler must be 'native' or 'numpy', got {self.sampler!r}")
         if self.heads_threads < 0:
             raise ConfigError(f"heads_threads must be >= 0 (0 = llama.cpp's thread count), got {self.heads_threads}")
         if self.n_threads < 0:

@@ -31,6 +31,7 @@ boundary can be decided differently.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -169,6 +170,29 @@ class SamplerWorkspace:
         if self._mask.size < n * v:
             self._mask = np.empty(n * v, dtype=bool)
         return self._mask[: n * v].reshape(n, v)
+
+
+class RowSampler(Protocol):
+    """What :class:`~streamtts.core.state.DelayStates` calls to sample: :func:`sample_rows`
+    or a faster implementation of the same specification (same tokens for the same
+    uniforms). One that sets ``accepts_strided`` also takes ``logits`` with more than two
+    axes and any row strides (rows numbered over the leading axes, last axis contiguous),
+    so strided views reach it without a copy."""
+
+    def __call__(
+        self,
+        logits: np.ndarray,
+        temperature: np.ndarray,
+        top_k: np.ndarray,
+        top_p: np.ndarray,
+        u: np.ndarray,
+        *,
+        rows: np.ndarray | None = None,
+        seen: np.ndarray | None = None,
+        penalty: np.ndarray | None = None,
+        out: np.ndarray | None = None,
+        workspace: SamplerWorkspace | None = None,
+    ) -> np.ndarray: ...
 
 
 CHUNK_ROWS = 1024

@@ -35,6 +35,7 @@ from ..errors import InputError, NonFiniteLogitsError
 from .sampling import (
     AUDIO_STREAM,
     TEXT_STREAM,
+    RowSampler,
     SamplerWorkspace,
     counter_uniforms,
     sample_rows,
@@ -80,13 +81,19 @@ class DelayStates:
     ``time_step``; per-slot sampling parameters; ``seen`` (capacity, K, A)
     bool, the codes each codebook has produced (prompt included) for the
     repetition penalty.
+
+    ``sampler``: :func:`~streamtts.core.sampling.sample_rows` (the default) or another
+    implementation of it (the engine passes the compiled one); one with
+    ``accepts_strided`` gets the audio logits as handed in, uncopied.
     """
 
-    def __init__(self, capacity: int, ids: TokenIds) -> None:
+    def __init__(self, capacity: int, ids: TokenIds, sampler: RowSampler | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.ids = ids
+        self._sample: RowSampler = sampler if sampler is not None else sample_rows
+        self._strided = bool(getattr(sampler, "accepts_strided", False))
         k = self.n_vq = ids.n_vq
         a = self.n_audio = ids.audio_rows
         self.audio_length = np.zeros(capacity, dtype=np.int64)
@@ -265,7 +272,7 @@ class DelayStates:
             lg[ts[pair_rows] == 0, self._delay_col] = -np.inf
             ps = s[pair_rows]
             try:
-                choice = sample_rows(
+                choice = self._sample(
                     lg,
                     self.text_temperature[ps],
                     self.text_top_k[ps],
@@ -286,7 +293,7 @@ class DelayStates:
                 row[ids.im_end] = -np.inf
             sl = s[b : b + 1]
             try:
-                tok = sample_rows(
+                tok = self._sample(
                     row[None, :],
                     self.text_temperature[sl],
                     self.text_top_k[sl],
@@ -322,28 +329,34 @@ class DelayStates:
         # copy when the rows are not evenly spaced: the fused heads' logits sit between text
         # columns); during a stream's first K - 1 steps and its delay flush only some,
         # gathered into one (rows, A) copy (no pass over the rows that are not sampled).
+        # A strided sampler reads the rows where they are (no copy in either case).
+        pick: np.ndarray | None = None
         if n_s == b_n * k_n:
             rb = np.repeat(np.arange(b_n), k_n)
             kk = np.tile(self._k, b_n)
             u_rows = u
-            flat = audio_logits.reshape(b_n * k_n, a_n)  # a view: the engine hands (B, K*A) rows
+            # a view when the rows are whole (B, K*A) rows; the fused heads' are not
+            flat = audio_logits if self._strided else audio_logits.reshape(b_n * k_n, a_n)
         else:
             fi = np.flatnonzero(amask.reshape(-1))
             rb = fi // k_n
             kk = fi % k_n
             u_rows = u[fi]
-            if audio_logits.flags.c_contiguous:  # into a buffer kept for it (no allocation)
+            if self._strided:
+                flat, pick = audio_logits, fi
+            elif audio_logits.flags.c_contiguous:  # into a buffer kept for it (no allocation)
                 flat = np.take(audio_logits.reshape(b_n * k_n, a_n), fi, axis=0, out=self._workspace.rows(fi.size, a_n), mode="clip")
             else:
                 flat = audio_logits[rb, kk]
         seen_rows = self.seen[s[rb], kk] if use_pen else None
         try:
-            sampled = sample_rows(
+            sampled = self._sample(
                 flat,
                 temp[rb],
                 top_k[rb],
                 top_p[rb],
                 u_rows,
+                rows=pick,
                 seen=seen_rows,
                 penalty=pen[rb] if use_pen else None,
                 workspace=self._workspace,

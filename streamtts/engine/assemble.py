@@ -17,6 +17,7 @@ from .core import EngineCore
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
 from .prepare import Preparer
 from .priority import thread_ids
+from .turns import CoreTurns
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,17 @@ def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
         return ensure_fused(cfg, ids, dtype, progress)
 
 
+def _take_turns(cfg: EngineConfig, codec: StreamingCodec | WindowedCodec, on_gpu: bool) -> bool:
+    """codec_turns: auto = when the backbone and the codec both compute on the CPU."""
+    if cfg.codec_turns != "auto":
+        return cfg.codec_turns == "always"
+    if on_gpu:
+        return False
+    if isinstance(codec, StreamingCodec):
+        return codec.decoder.device == "cpu"
+    return getattr(codec.decoder, "provider", None) == "CPUExecutionProvider"  # ONNX Runtime on the CPU
+
+
 def _layers_on_gpu(cfg: EngineConfig) -> bool:
     from ..errors import NativeLibraryError
     from ..model import _llama
@@ -193,6 +205,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     from ..core.prompt import HFTokenizer
     from ..model import _llama
     from ..model.backbone import Backbone, BackboneParams
+    from ..model.sampler import NativeSampler
     from ..model.weights import AudioHeads, Embedder
 
     if cfg.audio_backend == "torch":
@@ -253,8 +266,10 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         before = thread_ids()  # the codec's runtime starts its worker threads on load
         codec = _codec(cfg, ids, load_decoder, load_streaming_decoder)
         codec_threads = frozenset(thread_ids() - before)
-        worker = DecodeWorker(codec, nice=cfg.codec_nice, codec_threads=codec_threads)
-        core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused)
+        turns = CoreTurns(_take_turns(cfg, codec, on_gpu=_layers_on_gpu(cfg)))
+        worker = DecodeWorker(codec, nice=cfg.codec_nice, codec_threads=codec_threads, turns=turns)
+        sampler = NativeSampler() if cfg.sampler == "native" else None
+        core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused, sampler=sampler)
     except BaseException:
         if heads is not None:
             heads.close()  # its helper threads
@@ -276,7 +291,9 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "n_ctx_per_stream": backbone.n_ctx_seq,
         "threads": threads,
         "model_config": str(mc) if mc else "defaults",
+        "sampler": cfg.sampler,
         "codec": worker.codec.kind,
+        "codec_turns": worker.turns.enabled,
         "codec_state_mib_per_stream": _codec_state_mib(worker),
         "decode_context_frames": (
             worker.codec.context_frames if isinstance(worker.codec, WindowedCodec) else cfg.decode_context_frames

@@ -30,6 +30,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..constants import FRAME_S
 from ..core.frames import FrameAssembler
+from ..core.sampling import RowSampler
 from ..core.state import DelayStates
 from ..core.tokens import TokenIds
 from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
@@ -112,6 +113,7 @@ class EngineCore:
         decoder: DecodeWorker,
         *,
         fused_heads: bool = False,
+        sampler: RowSampler | None = None,
     ) -> None:
         self.cfg = cfg
         self.ids = ids
@@ -127,7 +129,9 @@ class EngineCore:
         h = backbone.n_embd
         self.n_ctx_seq = backbone.n_ctx_seq
         self.slots = SlotTable(cap)
-        self.states = DelayStates(cap, ids)
+        self.states = DelayStates(cap, ids, sampler)
+        # a sampler that reads strided rows takes the fused heads' logits where they are
+        self._audio_in_place = fused_heads and bool(getattr(sampler, "accepts_strided", False))
         self.assembler = FrameAssembler(cap, k, ids.audio_pad_code)
         self.prefix_cache = PrefixCache(cfg.prefix_cache_mib << 20)
         self.scheduler = Scheduler(cfg, self.slots, self.prefix_cache)
@@ -211,7 +215,8 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if plan.empty:
             return
-        result = self.execute(plan)
+        with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
+            result = self.execute(plan)
         if result.slots.size:
             self.update(result)
 
@@ -325,7 +330,9 @@ class EngineCore:
         if slots.size:
             t2 = time.perf_counter()
             b = slots.size
-            if self.fused:  # one copy into whole rows: the sampler then needs no other
+            if self._audio_in_place:
+                result.audio = self.logits[:b, 2:].reshape(b, self.ids.n_vq, self.ids.audio_rows)
+            elif self.fused:  # one copy into whole rows: the sampler then needs no other
                 audio = self.audio_buf[:b]
                 np.copyto(audio, self.logits[:b, 2:])
                 result.audio = audio.reshape(b, self.ids.n_vq, self.ids.audio_rows)

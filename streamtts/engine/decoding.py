@@ -35,6 +35,7 @@ from ..errors import CodecError
 from ..request import AudioChunk
 from .priority import lower_priority
 from .sink import StreamSink
+from .turns import CoreTurns
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +202,10 @@ class DecodeWorker:
         *,
         nice: int = 0,
         codec_threads: frozenset[int] = frozenset(),
+        turns: CoreTurns | None = None,
     ) -> None:
         self.codec = codec
+        self.turns = turns if turns is not None else CoreTurns(False)
         self.nice = nice  # codec_nice: this thread and the codec's own (codec_threads)
         self._codec_threads = codec_threads
         self.max_batch = max(1, min(max_batch or codec.max_batch, codec.max_batch))
@@ -317,9 +320,10 @@ class DecodeWorker:
                     job.sink.finish()
 
     def _decode(self, jobs: list[DecodeJob]) -> None:
-        t0 = time.monotonic()
-        pcm = self.codec.decode(jobs)
-        dt = time.monotonic() - t0
+        with self.turns.codec():
+            t0 = time.monotonic()
+            pcm = self.codec.decode(jobs)
+            dt = time.monotonic() - t0
         self.busy_s += dt
         self.calls += 1
         share = dt / len(jobs)

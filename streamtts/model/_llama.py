@@ -1,4 +1,4 @@
-"""Every ctypes declaration for the native bridge (``native/bridge.c``), and finding it.
+"""Every ctypes declaration for the native bridge (``native/bridge.c``, ``native/sampler.c``), and finding it.
 
 The bridge wraps llama.cpp (the copy vendored by llama-cpp-python 0.3.36) behind a
 few plain C functions; ``native/build.sh`` builds both into one folder of the cache.
@@ -167,6 +167,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_set_log_forward", None, [c_int32])
     # const char *stt_system_info(void);
     fn("stt_system_info", c_char_p, [])
+    # int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32_t n_rows,
+    #     int32_t n_cols, const float *temperature, const int64_t *top_k, const double *top_p,
+    #     const double *u, const uint8_t *seen, const float *penalty, void *scratch,
+    #     int64_t *out, uint8_t *bad);   (native/sampler.c)
+    fn(
+        "stt_sample_rows",
+        c_int32,
+        [c_void_p, c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_void_p, c_void_p,
+         c_void_p, c_void_p, c_void_p, c_void_p, c_void_p],
+    )  # fmt: skip
 
 
 # -- discovery ------------------------------------------------------------------------------
