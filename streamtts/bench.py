@@ -16,7 +16,7 @@ import logging
 import platform
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -234,6 +234,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 lv["kernel_throughput_vs_1"] = k["throughput_vs_1"]
                 lv["kernel_ttfa_vs_1"] = k["ttfa_vs_1"]
                 lv["engine_vs_kernel_throughput"] = round(lv["aggregate_frames_per_s"] / k["frames_per_s"], 2)
+                lv["engine_vs_kernel_codec_throughput"] = round(
+                    lv["aggregate_frames_per_s"] / k["frames_per_s_with_codec"], 2
+                )
     return out
 
 
@@ -362,6 +365,48 @@ def kernel_bound(
         lv["ttfa_ms"] = round(n * t_prefill + ids.n_vq * t, 2)
         lv["throughput_vs_1"] = round(lv["frames_per_s"] / (1000.0 * frames / (t_prefill + steps * by_n[1])), 2)
         lv["ttfa_vs_1"] = round(lv["ttfa_ms"] / (t_prefill + ids.n_vq * by_n[1]), 2)
+    # The codec's work on the same frames, bare: on a machine where it shares the backbone's
+    # cores no scheduler avoids it, so the engine is also held to kernel + codec.
+    codec_ms = codec_bound(engine, sorted(by_n), frames)
+    for lv in out["levels"]:
+        n = lv["concurrency"]
+        wall = n * t_prefill + steps * lv["step_ms"] + codec_ms[n]
+        lv["codec_ms"] = round(codec_ms[n], 2)
+        lv["frames_per_s_with_codec"] = round(1000.0 * n * frames / wall, 2)
+    return out
+
+
+def codec_bound(engine: Any, levels: list[int], frames: int) -> dict[int, float]:
+    """Bare codec time (ms) for N streams of ``frames`` frames each, decoded as the engine
+    sends them: chunks of ``chunk_frames`` (the last size repeating), the N streams' chunks
+    of one tick in one call. A fresh codec of the engine's kind, with the engine closed."""
+    from .engine.assemble import build_codec
+    from .engine.decoding import DecodeJob
+
+    cfg, ids = engine.config, engine.ids
+    codec = build_codec(cfg, ids)
+    sizes = list(cfg.chunk_frames) or [1]
+    rng = np.random.default_rng(0)
+    out: dict[int, float] = {}
+    for n in levels:
+        rids = [100_000 * n + i for i in range(n)]
+        total = 0.0
+        sent = chunk = 0
+        while sent < frames:
+            size = min(sizes[min(chunk, len(sizes) - 1)], frames - sent)
+            jobs = [
+                DecodeJob(rid, cast(Any, None), rng.integers(0, ids.audio_vocab_size, (size, ids.n_vq)), sent, 0)
+                for rid in rids
+            ]
+            for a in range(0, n, codec.max_batch):
+                t0 = time.perf_counter()
+                codec.decode(jobs[a : a + codec.max_batch])
+                total += time.perf_counter() - t0
+            sent += size
+            chunk += 1
+        for rid in rids:
+            codec.forget(rid)
+        out[n] = 1000.0 * total
     return out
 
 
@@ -382,6 +427,7 @@ KERNEL_COLUMNS = [
     ("kernel_throughput_vs_1", "kernel x1"),
     ("kernel_ttfa_vs_1", "kernel TTFA x1"),
     ("engine_vs_kernel_throughput", "engine/kernel"),
+    ("engine_vs_kernel_codec_throughput", "engine/(kernel+codec)"),
 ]
 LEGEND = (
     "frame: 80 ms of audio (12.5 per second of speech). frames/s: audio frames of all streams per "
@@ -391,7 +437,9 @@ LEGEND = (
 )
 KERNEL_LEGEND = (
     " kernel: bare llama.cpp decodes of N rows, the ratios a perfect scheduler would reach; "
-    "engine/kernel: the engine's share of that throughput."
+    "engine/kernel: the engine's share of that throughput; engine/(kernel+codec): its share "
+    "when the kernel side also decodes the same frames with the codec, bare, after the backbone "
+    "(what no scheduler avoids when the codec shares the backbone's cores)."
 )
 JOINING_LEGEND = (
     " joining: N-1 streams run, then streams join one by one (their TTFA); late chunks: "

@@ -27,7 +27,7 @@ def test_bench_output_fits_the_terminal_and_explains_itself(demo_model_dir: Path
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.splitlines()
     assert max(len(ln) for ln in lines) <= 80, r.stdout
-    for word in ("frame: 80 ms", "TTFA: time to first audio", "RTF: real-time factor", "engine/kernel"):
+    for word in ("frame: 80 ms", "TTFA: time to first audio", "RTF: real-time factor", "engine/kernel", "engine/(kernel+codec)"):
         assert word in " ".join(r.stdout.split()), word
     assert "{" not in r.stdout and '"levels"' not in r.stdout  # no JSON without --json
     r2 = subprocess.run([*cmd, "--json", "-"], capture_output=True, text=True, timeout=300)
@@ -48,6 +48,13 @@ def test_bench_with_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
     steps = {lv["concurrency"]: lv["step_ms"] for lv in kb["levels"]}
     assert set(steps) == {1, 3} and all(v > 0 for v in steps.values())
     assert levels[3]["kernel_throughput_vs_1"] > 0 and levels[3]["kernel_ttfa_vs_1"] > 0
+    # the codec's bare work on the same frames: more streams, more codec time; with it the
+    # bound is lower, so the engine's share of it is higher
+    kbl = {lv["concurrency"]: lv for lv in kb["levels"]}
+    assert 0 < kbl[1]["codec_ms"] < kbl[3]["codec_ms"]
+    for n, lv in levels.items():
+        assert kbl[n]["frames_per_s_with_codec"] < kbl[n]["frames_per_s"]
+        assert lv["engine_vs_kernel_codec_throughput"] >= lv["engine_vs_kernel_throughput"]
 
 
 def test_bench_null_backbone_has_no_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:

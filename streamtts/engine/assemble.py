@@ -308,6 +308,13 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     return Runtime(ids=ids, backbone=backbone, decoder=worker, core=core, preparer=preparer, info=info)
 
 
+def build_codec(cfg: EngineConfig, ids: TokenIds) -> StreamingCodec | WindowedCodec:
+    """The codec an engine with this config decodes with (benchmarks time it bare)."""
+    from ..codec import load_decoder, load_streaming_decoder
+
+    return _codec(cfg, ids, load_decoder, load_streaming_decoder)
+
+
 def _codec(
     cfg: EngineConfig,
     ids: TokenIds,
