@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def bench(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "bench.json"
@@ -55,6 +57,20 @@ def test_bench_with_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
     for n, lv in levels.items():
         assert kbl[n]["frames_per_s_with_codec"] < kbl[n]["frames_per_s"]
         assert lv["engine_vs_kernel_codec_throughput"] >= lv["engine_vs_kernel_throughput"]
+
+
+def test_kernel_bound_repeated_pairs_each_run_with_its_own_kernel_side(demo_model_dir: Path, tmp_path: Path) -> None:
+    res = bench(tmp_path, "--config", str(demo_model_dir / "config.yaml"), "--concurrency", "1", "2",
+                "--kernel-bound", "--repeat", "2")  # fmt: skip
+    kb = res["kernel_bound"]
+    assert len(kb["sessions"]) == 2 and len(res["runs"]) == 4
+    for run in res["runs"]:
+        assert run["engine_vs_kernel_throughput"] > 0 and run["engine_vs_kernel_codec_throughput"] > 0
+    for lv in res["levels"]:
+        ratios = sorted(r["engine_vs_kernel_throughput"] for r in res["runs"] if r["concurrency"] == lv["concurrency"])
+        assert ratios[0] - 0.01 <= lv["engine_vs_kernel_throughput"] <= ratios[-1] + 0.01  # their median
+    steps = [s["levels"][0]["step_ms"] for s in kb["sessions"]]
+    assert kb["levels"][0]["step_ms"] == pytest.approx(sum(steps) / 2, abs=1e-3)  # median of two
 
 
 def test_bench_null_backbone_has_no_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
