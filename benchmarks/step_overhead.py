@@ -24,7 +24,8 @@ one-row ``llama_decode`` (hidden state out) then the audio heads, in one loop:
 Limits: step = decode + heads (the median step; also the mean step, which counts stalls as
 the engine's slope, a mean over 200 steps, does); TTFA = prefill + its 32 steps + codec
 call. Everything is interleaved per repetition and the medians over repetitions reported
-(a shared machine is noisy).
+(a shared machine is noisy); ``*_paired`` is the median of each repetition's engine run
+divided by the bare run next to it (drift between repetitions cancels).
 """
 
 from __future__ import annotations
@@ -325,8 +326,19 @@ def main() -> None:
         "ttfa_limit_engine_file_ms": round(file_ttfa, 1),
         "engines": {},
     }
+    def rep_limits(b: dict[str, Any]) -> tuple[float, float]:
+        """One repetition's bare step and TTFA limit for the engine's file (for paired ratios)."""
+        heads = 0.0 if in_graph else float(b[f"file_heads_{best}_ms"])
+        ttfa = float(b["file_prefill_ms"]) + float(b["file_first32_decode_ms"]) + 32 * heads + float(b["codec_first_frame_ms"])
+        return float(b[f"file_step_{best}_ms"]), ttfa
+
+    limits = [rep_limits(b) for b in bare]
     for name, rows in eng.items():
         med = {k: statistics.median(float(r[k]) for r in rows) for k in rows[0]}
+        # each repetition's engine run against the bare run next to it: drift between
+        # repetitions cancels; the median of those ratios
+        slope_pairs = [float(r["slope_ms"]) / lim[0] for r, lim in zip(rows, limits, strict=True)]
+        ttfa_pairs = [float(r["ttfa_ms"]) / lim[1] for r, lim in zip(rows, limits, strict=True)]
         report["engines"][name] = {
             **info[name],
             "median": {k: round(v, 3) for k, v in med.items()},
@@ -336,6 +348,10 @@ def main() -> None:
             "slope_vs_bare_engine_file_mean": round(med["slope_ms"] / file_step_mean, 3),
             "ttfa_vs_limit_official": round(med["ttfa_ms"] / official_ttfa, 3),
             "ttfa_vs_limit_engine_file": round(med["ttfa_ms"] / file_ttfa, 3),
+            "slope_vs_bare_engine_file_paired": round(statistics.median(slope_pairs), 3),
+            "slope_vs_bare_engine_file_per_rep": [round(x, 3) for x in slope_pairs],
+            "ttfa_vs_limit_engine_file_paired": round(statistics.median(ttfa_pairs), 3),
+            "ttfa_vs_limit_engine_file_per_rep": [round(x, 3) for x in ttfa_pairs],
         }
     emit(report, a.json)
 
