@@ -306,12 +306,17 @@ def main() -> None:
     # engine file: its decode, and the heads the faster of the two ways
     official_step = med_b["official_step_blas2_ms"]
     best = "none" if in_graph else min(("blas2", "split2"), key=lambda k: med_b[f"file_step_{k}_ms"])
-    file_step = med_b[f"file_step_{best}_ms"]
+
+    def limits(b: dict[str, Any]) -> tuple[float, float]:
+        """The engine file's bare step and TTFA limit, from one repetition or the medians."""
+        heads = 0.0 if in_graph else float(b[f"file_heads_{best}_ms"])
+        ttfa = float(b["file_prefill_ms"]) + float(b["file_first32_decode_ms"]) + 32 * heads + float(b["codec_first_frame_ms"])
+        return float(b[f"file_step_{best}_ms"]), ttfa
+
+    file_step, file_ttfa = limits(med_b)
     file_step_mean = med_b[f"file_step_{best}_mean_ms"]
-    heads_best = 0.0 if in_graph else med_b[f"file_heads_{best}_ms"]
     official_ttfa = med_b["official_prefill_ms"] + med_b["official_first32_decode_ms"] + 32 * med_b["official_heads_blas2_ms"]
     official_ttfa += med_b["codec_first_frame_ms"]
-    file_ttfa = med_b["file_prefill_ms"] + med_b["file_first32_decode_ms"] + 32 * heads_best + med_b["codec_first_frame_ms"]
     report: dict[str, Any] = {
         "config": cfg_path,
         "reps": a.reps,
@@ -326,19 +331,13 @@ def main() -> None:
         "ttfa_limit_engine_file_ms": round(file_ttfa, 1),
         "engines": {},
     }
-    def rep_limits(b: dict[str, Any]) -> tuple[float, float]:
-        """One repetition's bare step and TTFA limit for the engine's file (for paired ratios)."""
-        heads = 0.0 if in_graph else float(b[f"file_heads_{best}_ms"])
-        ttfa = float(b["file_prefill_ms"]) + float(b["file_first32_decode_ms"]) + 32 * heads + float(b["codec_first_frame_ms"])
-        return float(b[f"file_step_{best}_ms"]), ttfa
-
-    limits = [rep_limits(b) for b in bare]
+    per_rep = [limits(b) for b in bare]
     for name, rows in eng.items():
         med = {k: statistics.median(float(r[k]) for r in rows) for k in rows[0]}
         # each repetition's engine run against the bare run next to it: drift between
         # repetitions cancels; the median of those ratios
-        slope_pairs = [float(r["slope_ms"]) / lim[0] for r, lim in zip(rows, limits, strict=True)]
-        ttfa_pairs = [float(r["ttfa_ms"]) / lim[1] for r, lim in zip(rows, limits, strict=True)]
+        slope_pairs = [float(r["slope_ms"]) / lim[0] for r, lim in zip(rows, per_rep, strict=True)]
+        ttfa_pairs = [float(r["ttfa_ms"]) / lim[1] for r, lim in zip(rows, per_rep, strict=True)]
         report["engines"][name] = {
             **info[name],
             "median": {k: round(v, 3) for k, v in med.items()},

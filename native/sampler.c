@@ -181,7 +181,7 @@ static float kth_bound(const float *m, int32_t n, int32_t k) {
  * with at least k values >= it, so the top-k lie at or above it. Division is monotone,
  * so that bound carries over to the quotients, lowered to the smallest value with the
  * same quotient (rounding can make values equal, and then ids decide). The values at or
- * above it are gathered, divided and sorted. Returns 0 done, -1 NaN, 1 use top_scaled. */
+ * above it are gathered, divided and ranked. Returns 0 done, -1 NaN, 1 use top_scaled. */
 static int top_fast(const float *row, int32_t v, int32_t k, float scale, cand_t *c) {
     int32_t w = 128;
     while (w < MAX_W && v / w > 32) w *= 2; /* about 8-32 values per column (long rows: more) */
@@ -190,7 +190,7 @@ static int top_fast(const float *row, int32_t v, int32_t k, float scale, cand_t 
     int32_t r1[MAX_W];
     if (column_top2(row, v, w, m1, m2, r1)) return -1;
     float thr = kth_bound(m1, w, k);
-    if (thr == INFINITY) return 1; /* +inf logits: a bad row, named by the slow path */
+    if (thr == -INFINITY) return 1; /* no finite bound (+inf, masked columns): the slow way */
     if (scale != 1.0f) {
         float st = thr / scale;
         for (int steps = 0;; steps++) {

@@ -267,8 +267,7 @@ def _median_kernel(kbs: list[dict[str, Any]]) -> dict[str, Any]:
     out["levels"] = [
         _median_row([kb["levels"][i] for kb in kbs]) for i in range(len(kbs[0]["levels"]))
     ]
-    for key in ("prefill_ms",):
-        out[key] = round(statistics.median(kb[key] for kb in kbs), 3)
+    out["prefill_ms"] = round(statistics.median(kb["prefill_ms"] for kb in kbs), 3)
     if len(kbs) > 1:
         out["sessions"] = kbs
     return out

@@ -130,8 +130,6 @@ class EngineCore:
         self.n_ctx_seq = backbone.n_ctx_seq
         self.slots = SlotTable(cap)
         self.states = DelayStates(cap, ids, sampler)
-        # a sampler that reads strided rows takes the fused heads' logits where they are
-        self._audio_in_place = fused_heads and bool(getattr(sampler, "accepts_strided", False))
         self.assembler = FrameAssembler(cap, k, ids.audio_pad_code)
         self.prefix_cache = PrefixCache(cfg.prefix_cache_mib << 20)
         self.scheduler = Scheduler(cfg, self.slots, self.prefix_cache)
@@ -145,7 +143,9 @@ class EngineCore:
         # Output rows: one per running stream plus one per prompt completed this tick.
         self.logits = np.zeros((2 * cap, n_cols), dtype=np.float32)
         self.hidden = None if fused_heads else np.zeros((2 * cap, h), dtype=np.float32)
-        self.audio_buf = np.zeros((2 * cap, k * a), dtype=np.float32)
+        # the heads' output, or (fused heads) whole rows copied for a sampler that needs them
+        self.audio_in_place = fused_heads and bool(getattr(sampler, "accepts_strided", False))
+        self.audio_buf = np.zeros((0 if self.audio_in_place else 2 * cap, k * a), dtype=np.float32)
         backbone.bind(self.embd, self.pos, self.seq, self.outf, self.hidden, self.logits)
         self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
         self._rows = np.zeros((cap, 1 + k), dtype=np.int64)
@@ -330,7 +330,7 @@ class EngineCore:
         if slots.size:
             t2 = time.perf_counter()
             b = slots.size
-            if self._audio_in_place:
+            if self.audio_in_place:  # a sampler reading strided rows: the logits as they lie
                 result.audio = self.logits[:b, 2:].reshape(b, self.ids.n_vq, self.ids.audio_rows)
             elif self.fused:  # one copy into whole rows: the sampler then needs no other
                 audio = self.audio_buf[:b]
