@@ -244,12 +244,10 @@ def test_openai_speech_streams_wav(server: Any, local: Any) -> None:
         assert resp.status_code == 200
         assert resp.headers["content-type"] == "audio/wav"
         body_iter = resp.iter_bytes()
-        chunks.append(next(body_iter))
-        # Streamed as generated, not at the end: with the first bytes in hand (and no more
-        # read, so a server that streams either pauses or goes on with 11 more segments),
-        # the engine still works on this request. A server that sent the body only after
-        # generating it all would be idle here. (No wall-clock ratio: CI timing is noisy.)
-        assert server.generating()
+        # Streamed as generated, not at the end: before the body is over, the engine is seen
+        # working on this request. A server that sent the body only after generating it all
+        # would be idle all along. (No wall-clock ratio: CI timing is noisy.)
+        chunks += read_until_generating(server, body_iter)
         chunks.extend(body_iter)
     data = b"".join(chunks)
     assert len(chunks) > 4
@@ -472,6 +470,21 @@ def test_disconnect_frees_the_slot_at_once(server: Any) -> None:
     assert r.done is not None
 
 
+def read_until_generating(server: Any, body: Iterator[bytes]) -> list[bytes]:
+    """Read a streamed response until the engine is seen generating; the chunks read.
+
+    A segmented text runs at most ``lookahead`` segments ahead of what the client has read,
+    so right after the first bytes a fast engine may be waiting for the client; reading on
+    starts the next segment. Fails if the body ends first (nothing was generated while
+    the response was open)."""
+    chunks = []
+    for chunk in body:
+        chunks.append(chunk)
+        if server.generating(polls=2):
+            return chunks
+    raise AssertionError("the response ended without the engine generating while it was open")
+
+
 def stalled_client(port: int, msgs: list[Any]) -> socket.socket:
     """Open a session on a raw socket, send ``msgs``, and never read: a client that hung."""
     from websockets.client import ClientProtocol
@@ -495,8 +508,7 @@ def stalled_client(port: int, msgs: list[Any]) -> socket.socket:
 def test_http_client_that_leaves_frees_the_slot(server: Any) -> None:
     with httpx.stream("POST", server.http + "/v1/audio/speech", json={"input": LONG, "response_format": "pcm"}, timeout=60) as resp:
         assert resp.status_code == 200
-        next(resp.iter_bytes())
-        assert server.generating()
+        read_until_generating(server, resp.iter_bytes())  # leave while a segment generates
         t0 = time.monotonic()
     # leaving the block closed the connection mid-stream
     wait_streams_free(server, 2.0)
