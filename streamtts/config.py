@@ -141,6 +141,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # (core/sampling.py); the same tokens for the same seed, the native one several times faster
     sampler: str = "native"
     log_llama: bool = False  # forward llama.cpp's own log lines
+    # Engine.start(): pay the first request's one-off costs at load (the default prompt's
+    # prefix into the prefix cache, llama.cpp's one-row graph, the codec's first call)
+    warmup: bool = True
     # llama.cpp's CPU workers between decodes: 0 = they sleep, up to 100 = they spin;
     # -1 = llama.cpp's own thread pool (which spins at 50)
     thread_poll: int = 0

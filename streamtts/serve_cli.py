@@ -151,7 +151,7 @@ def add_parser(sub: Any) -> None:
         help="on SIGTERM or POST /admin/drain: seconds running streams get to finish before "
         "the rest are cut; then the server exits 0",
     )
-    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-ups at start (the engine's and the server's generation)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     p.set_defaults(handler=serve, check=_check_serve)
 
@@ -238,6 +238,7 @@ async def serve(args: argparse.Namespace) -> int:
         max_streams=args.max_streams,
         n_threads=args.n_threads,
         queue_size=args.queue_size,
+        warmup=False if args.no_warmup else None,
     )
     settings = settings_from_args(args, engine.config.max_streams)
     # Load before serving: a model that fails to load is one line here, not a traceback from

@@ -276,6 +276,8 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         backbone.close()
         raise
     preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg), backbone.n_ctx_seq)
+    if cfg.warmup:
+        worker.warm_up()
     worker.start()
     core.start()
     hp = gguf_hparams(Path(gguf))

@@ -87,6 +87,8 @@ class _Codec(Protocol):
 
     def forget(self, rid: int) -> None: ...
 
+    def warm_up(self) -> None: ...
+
 
 class _Context:
     """Last ``cap`` frames of one stream (left context for its next window)."""
@@ -153,6 +155,10 @@ class WindowedCodec:
     def forget(self, rid: int) -> None:
         self._contexts.pop(rid, None)
 
+    def warm_up(self) -> None:
+        """Decode one silent frame: the runtime's first call pays its one-off costs."""
+        self.decoder.decode(np.zeros((1, 1, self.n_vq), dtype=np.int64))
+
 
 class StreamingCodec:
     """The stateful decoder: one slot per stream, only new frames decoded."""
@@ -193,6 +199,17 @@ class StreamingCodec:
     def active(self) -> int:
         return len(self._slots)
 
+    def warm_up(self) -> None:
+        """Decode one silent frame in a slot given back at once (the runtime's first
+        call pays its one-off costs)."""
+        slot = self.decoder.acquire()
+        try:
+            self.decoder.decode(
+                np.array([slot], dtype=np.int64), np.zeros((1, 1, self.n_vq), dtype=np.int64), np.ones(1, dtype=np.int64)
+            )
+        finally:
+            self.decoder.release(slot)
+
 
 class DecodeWorker:
     def __init__(
@@ -217,6 +234,11 @@ class DecodeWorker:
 
     def start(self) -> None:
         self._thread.start()
+
+    def warm_up(self) -> None:
+        """The codec's first call, before any stream's (call before :meth:`start`)."""
+        with self.turns.codec():
+            self.codec.warm_up()
 
     def submit(self, job: DecodeJob) -> None:
         self._jobs.put(job)

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AudioChunk", "AudioStream", "Engine", "Synthesis", "Voice"]
 
+WARMUP_TEXT = "Warming up."
+# two steps: the prompt's prefill and llama.cpp's one-row graph; no audio frame is due yet
+WARMUP_STEPS = 2
+
 
 @dataclass(slots=True)
 class Synthesis:
@@ -155,6 +159,7 @@ class Engine:
         self._preparer: Preparer = None  # type: ignore[assignment]
         self._closed = False
         self.info: dict[str, Any] = {}
+        self.warmup_s: float | None = None  # how long start()'s warm-up took (None: none ran)
         # Tests and the orchestration benchmark swap llama.cpp for a stand-in here.
         self.backbone_factory: Any = None
 
@@ -177,7 +182,23 @@ class Engine:
     async def start(self) -> Engine:
         if self._core is None:
             await asyncio.to_thread(self._load)
+            if self.config.warmup:
+                await self._warm_up()
         return self
+
+    async def _warm_up(self) -> None:
+        """A two-step request of the default voice, so the first real one pays none of the
+        one-off costs: its prompt prefix is cached (a request prefills only its own rows),
+        llama.cpp has built its one-row graph, the heads' threads and the sampler ran once
+        (the codec's first call ran at load). Its steps leave the step profile."""
+        t0 = time.perf_counter()
+        s = self.stream(WARMUP_TEXT, seed=0, max_new_tokens=WARMUP_STEPS)
+        async with s:
+            async for _ in s:
+                pass
+        self.reset_profile()
+        self.warmup_s = time.perf_counter() - t0
+        log.debug("warm-up took %.0f ms", 1000 * self.warmup_s)
 
     async def __aenter__(self) -> Engine:
         return await self.start()

@@ -103,9 +103,10 @@ def create_app(
             log.warning("voice store %s unreachable at start", redact_url(vs.url))
         with uvicorn_refusals_quiet():
             await engine.start()
-            if settings.warmup:
+            if settings.warmup and getattr(engine, "warmup_s", None) is None:
                 # The first generation pays one-off costs (thread start-up, ONNX session
-                # warm-up); pay them before the first client does.
+                # warm-up); pay them before the first client does (unless the engine's own
+                # warm-up, the `warmup` config key, did).
                 await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
             await names.load(encode_named)  # the config's `voices:` clips
             state.ready = True
