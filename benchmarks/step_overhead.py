@@ -25,7 +25,9 @@ one-row ``llama_decode`` (hidden state out) then the audio heads, in one loop:
   frame (streaming slot or window, as the engine does); also the prefill of only the rows
   after the cacheable prefix, that prefix already in the KV cache (``prefill_rest_ms``).
 Limits: step = decode + heads (the median step; also the mean step, which counts stalls as
-the engine's slope, a mean over 200 steps, does); TTFA = prefill of the whole prompt + its
+the engine's slope, a mean over 200 steps, does); ``plus_codec``: the step plus the codec's
+bare work per step (the frames steps 100..300 complete, in the engine's chunk sizes), which
+the engine's slope includes and a bare step does not; TTFA = prefill of the whole prompt + its
 32 steps + codec call (issue #16's limit); ``cached_prefix``: the same with the prefill of the
 rest only, the work the engine does for its first request once the prefix is cached. Everything is interleaved per repetition and the medians over repetitions reported
 (a shared machine is noisy); ``*_paired`` is the median of each repetition's engine run
@@ -42,11 +44,13 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from streamtts.bench import codec_bound
 from streamtts.codec import load_decoder, load_streaming_decoder
 from streamtts.config import EngineConfig, find_model_config, load_config
 from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt_ex
@@ -235,6 +239,14 @@ def bare_file(
     return res
 
 
+def codec_step_ms(cfg: EngineConfig, ids: TokenIds, n_vq: int) -> float:
+    """The codec's bare work per step of the slope: the frames steps 100..300 complete, in
+    the engine's chunks (each step completes one frame once the first ``n_vq - 1`` are done)."""
+    ns = types.SimpleNamespace(config=cfg, ids=ids)
+    short, long = (codec_bound(ns, [1], n - (n_vq - 1))[1] for n in (SHORT_STEPS, LONG_STEPS))
+    return (long - short) / (LONG_STEPS - SHORT_STEPS)
+
+
 def codec_first_frame_ms(cfg: EngineConfig, iters: int = 5) -> float:
     """One codec call for a stream's first frame, with the codec the engine uses."""
     codes = np.zeros((1, 1, 32), np.int64)
@@ -319,6 +331,7 @@ def main() -> None:
             fb = {k[len("official_") :]: v for k, v in b.items() if k.startswith("official_")}
         b.update({f"file_{k}": v for k, v in fb.items()})
         b["codec_first_frame_ms"] = codec_first_frame_ms(cfg)
+        b["codec_step_ms"] = codec_step_ms(cfg, ids, ids.n_vq)
         bare.append(b)
         print(json.dumps({"rep": rep, "bare": b, **{n: eng[n][-1] for n in eng}}, default=str), flush=True)
     med_b = {k: statistics.median(float(r[k]) for r in bare) for k in bare[0]}
@@ -328,14 +341,15 @@ def main() -> None:
     official_step = med_b["official_step_blas2_ms"]
     best = "none" if in_graph else min(("blas2", "split2"), key=lambda k: med_b[f"file_step_{k}_ms"])
 
-    def limits(b: dict[str, Any]) -> tuple[float, float, float]:
-        """The engine file's bare step and TTFA limits (whole prompt; rest after the cached
-        prefix), from one repetition or the medians."""
+    def limits(b: dict[str, Any]) -> tuple[float, float, float, float]:
+        """The engine file's bare step, the same plus the codec's work per step, and the TTFA
+        limits (whole prompt; rest after the cached prefix), from one repetition or the medians."""
         heads = 0.0 if in_graph else float(b[f"file_heads_{best}_ms"])
         after = float(b["file_first32_decode_ms"]) + 32 * heads + float(b["codec_first_frame_ms"])
-        return float(b[f"file_step_{best}_ms"]), float(b["file_prefill_ms"]) + after, float(b["file_prefill_rest_ms"]) + after
+        step = float(b[f"file_step_{best}_ms"])
+        return step, step + float(b["codec_step_ms"]), float(b["file_prefill_ms"]) + after, float(b["file_prefill_rest_ms"]) + after
 
-    file_step, file_ttfa, file_ttfa_rest = limits(med_b)
+    file_step, file_step_codec, file_ttfa, file_ttfa_rest = limits(med_b)
     file_step_mean = med_b[f"file_step_{best}_mean_ms"]
     official_ttfa = med_b["official_prefill_ms"] + med_b["official_first32_decode_ms"] + 32 * med_b["official_heads_blas2_ms"]
     official_ttfa += med_b["codec_first_frame_ms"]
@@ -349,6 +363,7 @@ def main() -> None:
         "bare_step_engine_file_ms": round(file_step, 3),
         "bare_step_engine_file_mean_ms": round(file_step_mean, 3),
         "bare_step_engine_file_heads": best,
+        "bare_step_engine_file_plus_codec_ms": round(file_step_codec, 3),
         "ttfa_limit_official_ms": round(official_ttfa, 1),
         "ttfa_limit_engine_file_ms": round(file_ttfa, 1),
         "ttfa_limit_engine_file_cached_prefix_ms": round(file_ttfa_rest, 1),
@@ -360,8 +375,9 @@ def main() -> None:
         # each repetition's engine run against the bare run next to it: drift between
         # repetitions cancels; the median of those ratios
         slope_pairs = [float(r["slope_ms"]) / lim[0] for r, lim in zip(rows, per_rep, strict=True)]
-        ttfa_pairs = [float(r["ttfa_ms"]) / lim[1] for r, lim in zip(rows, per_rep, strict=True)]
-        rest_pairs = [float(r["ttfa_ms"]) / lim[2] for r, lim in zip(rows, per_rep, strict=True)]
+        codec_pairs = [float(r["slope_ms"]) / lim[1] for r, lim in zip(rows, per_rep, strict=True)]
+        ttfa_pairs = [float(r["ttfa_ms"]) / lim[2] for r, lim in zip(rows, per_rep, strict=True)]
+        rest_pairs = [float(r["ttfa_ms"]) / lim[3] for r, lim in zip(rows, per_rep, strict=True)]
         report["engines"][name] = {
             **info[name],
             "median": {k: round(v, 3) for k, v in med.items()},
@@ -373,6 +389,8 @@ def main() -> None:
             "ttfa_vs_limit_engine_file": round(med["ttfa_ms"] / file_ttfa, 3),
             "slope_vs_bare_engine_file_paired": round(statistics.median(slope_pairs), 3),
             "slope_vs_bare_engine_file_per_rep": [round(x, 3) for x in slope_pairs],
+            "slope_vs_bare_engine_file_plus_codec": round(med["slope_ms"] / file_step_codec, 3),
+            "slope_vs_bare_engine_file_plus_codec_paired": round(statistics.median(codec_pairs), 3),
             "ttfa_vs_limit_engine_file_paired": round(statistics.median(ttfa_pairs), 3),
             "ttfa_vs_limit_engine_file_per_rep": [round(x, 3) for x in ttfa_pairs],
             "ttfa_vs_limit_engine_file_cached_prefix": round(med["ttfa_ms"] / file_ttfa_rest, 3),

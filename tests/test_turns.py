@@ -105,3 +105,26 @@ def test_engine_takes_turns_on_the_cpu_only_when_asked(demo_model_dir: Path) -> 
 def test_unknown_codec_turns_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="codec_turns must be 'auto', 'always' or 'never'"):
         EngineConfig(codec_turns="yes").validate()
+
+
+def test_engine_profile_counts_the_backbone_waiting_for_a_codec_call(demo_model_dir: Path) -> None:
+    """While a codec call holds the cores the backbone waits, and the profile says so
+    (``codec_wait``); with turns off nothing waits."""
+
+    async def run(turns: str) -> float:
+        async with Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, codec_turns=turns) as e:
+            assert e._core is not None
+            held = e._core.decoder.turns.codec()
+            held.__enter__()  # a codec call in progress when the request arrives
+            s = e.stream("Hello there.", options=StreamOptions(seed=1, fixed_frames=5))
+            async with s:
+                first = asyncio.ensure_future(s.__anext__())
+                await asyncio.sleep(0.3)
+                held.__exit__(None, None, None)
+                await first
+                async for _ in s:
+                    pass
+            return e._core.profile.codec_wait
+
+    assert asyncio.run(run("always")) >= 0.25
+    assert asyncio.run(run("never")) < 0.1

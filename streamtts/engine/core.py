@@ -82,6 +82,9 @@ class StepProfile:
     heads: float = 0.0
     sampling: float = 0.0
     other: float = 0.0
+    # the backbone waiting for a codec call to finish (CPU codec, `codec_turns`): the codec's
+    # work the step pays for on shared cores
+    codec_wait: float = 0.0
     prefill: float = 0.0
     prefill_rows: int = 0
     # the fastest one-row decode: what a step costs when nothing else wants the CPU
@@ -90,7 +93,7 @@ class StepProfile:
 
     def per_step_ms(self) -> dict[str, float]:
         n = max(self.ticks, 1)
-        return {k: 1000.0 * getattr(self, k) / n for k in ("embed", "backbone", "heads", "sampling", "other")}
+        return {k: 1000.0 * getattr(self, k) / n for k in ("embed", "backbone", "heads", "sampling", "other", "codec_wait")}
 
 
 @dataclass(slots=True)
@@ -215,7 +218,9 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if plan.empty:
             return
+        t0 = time.perf_counter()
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
+            self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)
         if result.slots.size:
             self.update(result)
