@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "sampler.h"
+
 #define STT_API __attribute__((visibility("default")))
 
 #define SMALL_K 256 /* candidates kept by insertion on the stack; above: sort */
@@ -278,6 +280,30 @@ static int32_t draw(const cand_t *c, int32_t k, double top_p, double u, double *
     return j < last ? j : last;
 }
 
+/* One row (see stt_sample_rows); sn/pen: the row's seen bytes and penalty (sn NULL: no
+ * penalty). Returns the token, -1 for a bad row, -2 when scratch was needed and missing. */
+int64_t stt_sample_one(const float *row, int32_t n_cols, float t, int64_t top_k, double top_p,
+                       double u, const uint8_t *sn, float pen, void *scratch) {
+    if (!(t > 0.0f)) return argmax_row(row, n_cols, sn, pen);
+    cand_t small[SMALL_K];
+    double w_small[SMALL_K];
+    int32_t k = (top_k <= 0 || top_k > n_cols) ? n_cols : (int32_t)top_k;
+    cand_t *c = small;
+    double *w = w_small;
+    int rc;
+    if (k <= SMALL_K) {
+        rc = sn ? 1 : top_fast(row, n_cols, k, t, c);
+        if (rc == 1) rc = top_scaled(row, n_cols, k, t, sn, pen, c);
+    } else {
+        if (!scratch) return -2;
+        c = (cand_t *)scratch;
+        w = (double *)(c + n_cols);
+        rc = top_sorted(row, n_cols, t, sn, pen, c);
+    }
+    int32_t pos = rc == 0 ? draw(c, k, top_p, u, w) : -1;
+    return pos < 0 ? -1 : c[pos].id;
+}
+
 /*
  * Sample one token per row. Row i is the n_cols floats at base + offsets[i]
  * (element offsets), read only. Per row: temperature (> 0 samples, else greedy),
@@ -292,39 +318,17 @@ STT_API int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32
                                 int32_t n_cols, const float *temperature, const int64_t *top_k,
                                 const double *top_p, const double *u, const uint8_t *seen,
                                 const float *penalty, void *scratch, int64_t *out, uint8_t *bad) {
-    cand_t small[SMALL_K];
-    double w_small[SMALL_K];
     int32_t n_bad = 0;
     for (int32_t i = 0; i < n_rows; i++) {
-        const float *row = base + offsets[i];
         const uint8_t *sn = NULL;
         float pen = 1.0f;
         if (seen && penalty && penalty[i] != 1.0f) {
             sn = seen + (int64_t)i * n_cols;
             pen = penalty[i];
         }
-        int64_t tok;
-        float t = temperature[i];
-        if (!(t > 0.0f)) {
-            tok = argmax_row(row, n_cols, sn, pen);
-        } else {
-            int64_t kk = top_k[i];
-            int32_t k = (kk <= 0 || kk > n_cols) ? n_cols : (int32_t)kk;
-            cand_t *c = small;
-            double *w = w_small;
-            int rc;
-            if (k <= SMALL_K) {
-                rc = sn ? 1 : top_fast(row, n_cols, k, t, c);
-                if (rc == 1) rc = top_scaled(row, n_cols, k, t, sn, pen, c);
-            } else {
-                if (!scratch) return -1;
-                c = (cand_t *)scratch;
-                w = (double *)(c + n_cols);
-                rc = top_sorted(row, n_cols, t, sn, pen, c);
-            }
-            int32_t pos = rc == 0 ? draw(c, k, top_p[i], u[i], w) : -1;
-            tok = pos < 0 ? -1 : c[pos].id;
-        }
+        int64_t tok = stt_sample_one(base + offsets[i], n_cols, temperature[i], top_k[i], top_p[i],
+                                     u[i], sn, pen, scratch);
+        if (tok == -2) return -1;
         out[i] = tok;
         bad[i] = tok < 0;
         n_bad += tok < 0;

@@ -64,6 +64,11 @@ def _mix_int(x: int) -> int:
     return x
 
 
+def stream_salt(stream: int) -> int:
+    """The constant :func:`counter_uniforms` mixes into every key of ``stream``."""
+    return _mix_int(stream * _GOLDEN + _STREAM_SALT)
+
+
 def _mix_(z: np.ndarray) -> None:
     """splitmix64 finaliser, in place on a uint64 array (wrapping arithmetic)."""
     z ^= z >> np.uint64(30)
@@ -101,7 +106,7 @@ def counter_uniforms(
         out = np.empty((b, n), dtype=np.float64)
     elif out.shape != (b, n) or out.dtype != np.float64:
         raise ValueError(f"out must be float64 of shape {(b, n)}, got {out.dtype} {out.shape}")
-    salt = np.uint64(_mix_int(stream * _GOLDEN + _STREAM_SALT))
+    salt = np.uint64(stream_salt(stream))
     h = s.astype(np.uint64) ^ salt
     _mix_(h)
     k = c.astype(np.uint64) + np.uint64(_GOLDEN)

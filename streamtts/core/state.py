@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -43,6 +44,16 @@ from .sampling import (
     seed_to_uint64,
 )
 from .tokens import TokenIds
+
+
+class CompiledStep(Protocol):
+    """A compiled :meth:`DelayStates.step` bound to one states' arrays: True when it took
+    the step, False (nothing changed) when the Python step must."""
+
+    def __call__(
+        self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray
+    ) -> bool: ...
+
 
 NONE = -1
 """``delayed_length`` sentinel: no delay flush in progress."""
@@ -123,6 +134,10 @@ class DelayStates:
         self._text_banned = np.array(
             [ids.pad, ids.gen_slot, ids.delay_slot, ids.audio_end], dtype=np.int64
         )
+        # a compiled twin of step() the sampler may offer (bound to these arrays); steps it
+        # cannot take (a full text row) come back here
+        bind = getattr(sampler, "bind_states", None)
+        self._compiled: CompiledStep | None = bind(self) if bind is not None else None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -185,10 +200,6 @@ class DelayStates:
         b_n = s.shape[0]
         if s.ndim != 1:
             raise ValueError(f"slots must be 1-D, got shape {s.shape}")
-        if b_n and (s.min() < 0 or s.max() >= self.capacity or np.unique(s).size != b_n):
-            raise ValueError(
-                f"slots must be distinct and in [0, {self.capacity}), got {s.tolist()}"
-            )
         if text_pair_logits.shape != (b_n, 2):
             raise ValueError(f"text_pair_logits must be ({b_n}, 2), got {text_pair_logits.shape}")
         if audio_logits.shape != (b_n, k_n, self.n_audio) or audio_logits.dtype != np.float32:
@@ -202,6 +213,12 @@ class DelayStates:
             raise ValueError(f"out must be int64 ({b_n}, {1 + k_n}), got {out.dtype} {out.shape}")
         if b_n == 0:
             return out
+        if self._compiled is not None and self._compiled(s, text_pair_logits, audio_logits, out):
+            return out
+        if s.min() < 0 or s.max() >= self.capacity or np.unique(s).size != b_n:
+            raise ValueError(
+                f"slots must be distinct and in [0, {self.capacity}), got {s.tolist()}"
+            )
 
         stop = self.is_stopping[s]
         active = ~stop

@@ -12,13 +12,17 @@ is contiguous, with rows numbered over its leading axes in C order, so strided v
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.sampling import SamplerWorkspace
 from ..errors import NonFiniteLogitsError
 from ._llama import load_bridge
+
+if TYPE_CHECKING:
+    from ..core.state import DelayStates
+    from .delay_step import CompiledDelayStep
 
 _SMALL_K = 256  # sampler.c keeps up to this many candidates on its stack; above, scratch
 
@@ -112,6 +116,12 @@ class NativeSampler:
         if rc:
             raise NonFiniteLogitsError(np.flatnonzero(bad))
         return out
+
+    def bind_states(self, states: DelayStates) -> CompiledDelayStep:
+        """The compiled step of ``states`` (``DelayStates`` asks its sampler for one)."""
+        from .delay_step import CompiledDelayStep
+
+        return CompiledDelayStep(states)
 
     @staticmethod
     def _offsets(logits: np.ndarray, sel: np.ndarray) -> np.ndarray:
