@@ -87,6 +87,42 @@ class SttParams(ctypes.Structure):
     ]
 
 
+_P = ctypes.c_void_p
+
+
+# typedef struct {
+#     int32_t capacity, n_vq, n_audio, pair_swapped;
+#     int64_t pad, gen_slot, delay_slot, audio_start, audio_end, im_end, audio_pad_code;
+#     uint64_t text_salt, audio_salt;
+#     int64_t *audio_length, *delayed_length, *time_step;
+#     uint8_t *is_audio, *is_stopping, *audio_ended;
+#     uint64_t *seed;
+#     float *text_temperature; int64_t *text_top_k; double *text_top_p;
+#     float *audio_temperature; int64_t *audio_top_k; double *audio_top_p; float *audio_penalty;
+#     uint8_t *seen;
+#     uint8_t *mark;
+# } stt_delay_states;   (native/delay.c)
+class SttDelayStates(ctypes.Structure):
+    _fields_ = [
+        *((n, c_int32) for n in ("capacity", "n_vq", "n_audio", "pair_swapped")),
+        *((n, ctypes.c_int64) for n in ("pad", "gen_slot", "delay_slot", "audio_start", "audio_end", "im_end", "audio_pad_code")),
+        ("text_salt", c_uint64),
+        ("audio_salt", c_uint64),
+        *((n, _P) for n in (
+            "audio_length", "delayed_length", "time_step", "is_audio", "is_stopping", "audio_ended", "seed",
+            "text_temperature", "text_top_k", "text_top_p",
+            "audio_temperature", "audio_top_k", "audio_top_p", "audio_penalty", "seen", "mark",
+        )),
+    ]  # fmt: skip
+
+
+# int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots, int32_t n_b,
+#     const float *pair, int64_t pair_stride, float *audio, int64_t audio_b_stride,
+#     int64_t audio_k_stride, int64_t *out, void *scratch, uint8_t *bad);   (native/delay.c)
+DELAY_STEP_ARGS = [ctypes.POINTER(SttDelayStates), _P, c_int32, _P, ctypes.c_int64, _P,
+                   ctypes.c_int64, ctypes.c_int64, _P, _P, _P]  # fmt: skip
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.POINTER
 
@@ -167,7 +203,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_set_log_forward", None, [c_int32])
     # const char *stt_system_info(void);
     fn("stt_system_info", c_char_p, [])
-    # stt_delay_step (prototype at DELAY_STEP_ARGS below): long batches, GIL released
+    # stt_delay_step: prototype at DELAY_STEP_ARGS below
     fn("stt_delay_step", c_int32, DELAY_STEP_ARGS)
     # int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32_t n_rows,
     #     int32_t n_cols, const float *temperature, const int64_t *top_k, const double *top_p,
@@ -287,64 +323,6 @@ def llama_last_error() -> str:
     buf = ctypes.create_string_buffer(1024)
     load_bridge().stt_llama_last_error(buf, len(buf))
     return buf.value.decode("utf-8", "replace")
-
-
-# ==== short compute-only calls, the GIL kept =================================================
-# A call through ``CDLL`` releases the GIL and takes it back after; when another thread runs
-# Python meanwhile (the decode thread, the event loop), the caller waits for it. For calls of
-# a few microseconds that hand-off costs more than the call: these go through a ``PyDLL``
-# view of the same library, which keeps the GIL.
-
-_P = ctypes.c_void_p
-
-
-# typedef struct {
-#     int32_t capacity, n_vq, n_audio, pair_swapped;
-#     int64_t pad, gen_slot, delay_slot, audio_start, audio_end, im_end, audio_pad_code;
-#     uint64_t text_salt, audio_salt;
-#     int64_t *audio_length, *delayed_length, *time_step;
-#     uint8_t *is_audio, *is_stopping, *audio_ended;
-#     uint64_t *seed;
-#     float *text_temperature; int64_t *text_top_k; double *text_top_p;
-#     float *audio_temperature; int64_t *audio_top_k; double *audio_top_p; float *audio_penalty;
-#     uint8_t *seen;
-#     uint8_t *mark;
-# } stt_delay_states;   (native/delay.c)
-class SttDelayStates(ctypes.Structure):
-    _fields_ = [
-        *((n, c_int32) for n in ("capacity", "n_vq", "n_audio", "pair_swapped")),
-        *((n, ctypes.c_int64) for n in ("pad", "gen_slot", "delay_slot", "audio_start", "audio_end", "im_end", "audio_pad_code")),
-        ("text_salt", c_uint64),
-        ("audio_salt", c_uint64),
-        *((n, _P) for n in (
-            "audio_length", "delayed_length", "time_step", "is_audio", "is_stopping", "audio_ended", "seed",
-            "text_temperature", "text_top_k", "text_top_p",
-            "audio_temperature", "audio_top_k", "audio_top_p", "audio_penalty", "seen", "mark",
-        )),
-    ]  # fmt: skip
-
-
-# int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots, int32_t n_b,
-#     const float *pair, int64_t pair_stride, float *audio, int64_t audio_b_stride,
-#     int64_t audio_k_stride, int64_t *out, void *scratch, uint8_t *bad);   (native/delay.c)
-DELAY_STEP_ARGS = [ctypes.POINTER(SttDelayStates), _P, c_int32, _P, ctypes.c_int64, _P,
-                   ctypes.c_int64, ctypes.c_int64, _P, _P, _P]  # fmt: skip
-
-_short: ctypes.PyDLL | None = None
-
-
-def short_calls() -> ctypes.PyDLL:
-    """The bridge's compute-only functions (``stt_delay_step``), called with the GIL held."""
-    global _short
-    lib = load_bridge()
-    with _lock:
-        if _short is None:
-            short = ctypes.PyDLL(lib._name, handle=lib._handle)
-            f = short.stt_delay_step  # present: load_bridge declared it on the same library
-            f.restype = c_int32
-            f.argtypes = DELAY_STEP_ARGS  # type: ignore[assignment]  # list[object], as fn() takes
-            _short = short
-        return _short
 
 
 # ==== llama.cpp's own quantizer (libllama, next to the bridge) ================================

@@ -19,15 +19,10 @@ import numpy as np
 
 from ..core.sampling import AUDIO_STREAM, TEXT_STREAM, stream_salt
 from ..errors import NonFiniteLogitsError
-from ._llama import SttDelayStates, load_bridge, short_calls
+from ._llama import SttDelayStates, load_bridge
 
 if TYPE_CHECKING:
     from ..core.state import DelayStates
-
-# Up to this many sampled rows a call keeps the GIL (a few microseconds of work: handing the
-# GIL to another thread and waiting to get it back costs more); above, it releases it so
-# the event loop runs meanwhile.
-SHORT_ROWS = 256
 
 _DONE, _NEEDS_TEXT, _BAD_SLOTS, _BAD_TEXT, _BAD_AUDIO = 0, 1, 2, 3, 4
 
@@ -42,7 +37,6 @@ class CompiledDelayStep:
     def __init__(self, states: DelayStates) -> None:
         ids = states.ids
         self._states = states  # owns the arrays the struct points into
-        self._rows_per_stream = ids.n_vq + 1
         arrays = {
             "audio_length": (states.audio_length, np.int64),
             "delayed_length": (states.delayed_length, np.int64),
@@ -84,8 +78,7 @@ class CompiledDelayStep:
             **{name: _ptr(a) for name, (a, _) in arrays.items()},
         )
         self._ref = ctypes.byref(self._struct)
-        self._released = load_bridge().stt_delay_step
-        self._held = short_calls().stt_delay_step
+        self._fn = load_bridge().stt_delay_step
 
     def __call__(self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> bool:
         """Step ``slots`` (shapes already checked by the caller); False when this step needs
@@ -104,8 +97,7 @@ class CompiledDelayStep:
             return False
         s = np.ascontiguousarray(slots, dtype=np.int64)
         n = s.shape[0]
-        fn = self._held if n * self._rows_per_stream <= SHORT_ROWS else self._released
-        rc = fn(
+        rc = self._fn(
             self._ref, _ptr(s), n, _ptr(pair), pair.strides[0] // 4, _ptr(audio),
             audio.strides[0] // 4, audio.strides[1] // 4, _ptr(out), _ptr(self._scratch), _ptr(self._bad),
         )  # fmt: skip
