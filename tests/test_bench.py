@@ -50,10 +50,11 @@ def test_bench_with_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
     steps = {lv["concurrency"]: lv["step_ms"] for lv in kb["levels"]}
     assert set(steps) == {1, 3} and all(v > 0 for v in steps.values())
     assert levels[3]["kernel_throughput_vs_1"] > 0 and levels[3]["kernel_ttfa_vs_1"] > 0
-    # the codec's bare work on the same frames: more streams, more codec time; with it the
+    # the codec's bare work on the same frames, timed (the demo's tone codec: about 1 ms
+    # whether one stream or three share a call, so no order between the levels); with it the
     # bound is lower, so the engine's share of it is higher
     kbl = {lv["concurrency"]: lv for lv in kb["levels"]}
-    assert 0 < kbl[1]["codec_ms"] < kbl[3]["codec_ms"]
+    assert kbl[1]["codec_ms"] > 0 and kbl[3]["codec_ms"] > 0
     for n, lv in levels.items():
         assert kbl[n]["frames_per_s_with_codec"] < kbl[n]["frames_per_s"]
         assert lv["engine_vs_kernel_codec_throughput"] >= lv["engine_vs_kernel_throughput"]

@@ -406,8 +406,12 @@ def test_sigterm_drains_a_replica_then_it_exits_0(fresh_cluster: Any) -> None:
     assert finished(want)
 
     async def scenario() -> tuple[list[Result], Result, list[Result], float, dict[str, Any], float]:
-        results = [Result() for _ in range(4)]
-        tasks = [asyncio.create_task(talk(c.ws, say(LONG, seed=2), pace=0.8, r=r)) for r in results]
+        results = [Result() for _ in range(5)]
+        # four through the balancer, and one straight to replica 1: whatever the balancer
+        # chose (on a fast machine all four sometimes ended elsewhere or early), replica 1 is
+        # streaming when it gets SIGTERM
+        urls = [c.ws] * 4 + [c.replica_ws(0)]
+        tasks = [asyncio.create_task(talk(u, say(LONG, seed=2), pace=0.8, r=r)) for u, r in zip(urls, results, strict=True)]
         await asyncio.wait_for(asyncio.gather(*(r.first_audio.wait() for r in results)), 60)
         # and one idle session on replica 1 (connected, nothing asked yet)
         idle = Result()
