@@ -407,9 +407,8 @@ def test_sigterm_drains_a_replica_then_it_exits_0(fresh_cluster: Any) -> None:
 
     async def scenario() -> tuple[list[Result], Result, list[Result], float, dict[str, Any], float]:
         results = [Result() for _ in range(5)]
-        # four through the balancer, and one straight to replica 1: whatever the balancer
-        # chose (on a fast machine all four sometimes ended elsewhere or early), replica 1 is
-        # streaming when it gets SIGTERM
+        # four through the balancer, and one straight to replica 1, so that it is streaming
+        # when it gets SIGTERM (with the four alone it sometimes had drained within 0.2 s)
         urls = [c.ws] * 4 + [c.replica_ws(0)]
         tasks = [asyncio.create_task(talk(u, say(LONG, seed=2), pace=0.8, r=r)) for u, r in zip(urls, results, strict=True)]
         await asyncio.wait_for(asyncio.gather(*(r.first_audio.wait() for r in results)), 60)
