@@ -239,11 +239,11 @@ def bare_file(
     return res
 
 
-def codec_step_ms(cfg: EngineConfig, ids: TokenIds, n_vq: int) -> float:
+def codec_step_ms(cfg: EngineConfig, ids: TokenIds) -> float:
     """The codec's bare work per step of the slope: the frames steps 100..300 complete, in
     the engine's chunks (each step completes one frame once the first ``n_vq - 1`` are done)."""
     ns = types.SimpleNamespace(config=cfg, ids=ids)
-    short, long = (codec_bound(ns, [1], n - (n_vq - 1))[1] for n in (SHORT_STEPS, LONG_STEPS))
+    short, long = (codec_bound(ns, [1], n - (ids.n_vq - 1))[1] for n in (SHORT_STEPS, LONG_STEPS))
     return (long - short) / (LONG_STEPS - SHORT_STEPS)
 
 
@@ -331,7 +331,7 @@ def main() -> None:
             fb = {k[len("official_") :]: v for k, v in b.items() if k.startswith("official_")}
         b.update({f"file_{k}": v for k, v in fb.items()})
         b["codec_first_frame_ms"] = codec_first_frame_ms(cfg)
-        b["codec_step_ms"] = codec_step_ms(cfg, ids, ids.n_vq)
+        b["codec_step_ms"] = codec_step_ms(cfg, ids)
         bare.append(b)
         print(json.dumps({"rep": rep, "bare": b, **{n: eng[n][-1] for n in eng}}, default=str), flush=True)
     med_b = {k: statistics.median(float(r[k]) for r in bare) for k in bare[0]}

@@ -70,6 +70,14 @@ static inline double uniform(uint64_t key, uint64_t col) {
     return (double)(mix(key + col * GOLDEN) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* The codebooks of slot s sampled this step: [*from, *to), empty for a stopped stream
+ * (codebook k is sampled when delayed_length <= k < audio_length). */
+static inline void sampled_range(const stt_delay_states *st, int64_t s, int64_t *from, int64_t *to) {
+    int64_t al = st->audio_length[s], dl = st->delayed_length[s];
+    *from = dl > 0 ? dl : 0;
+    *to = st->is_stopping[s] ? *from : (al < st->n_vq ? al : st->n_vq);
+}
+
 /*
  * Advance streams slots[0..n_b) one step, as DelayStates.step. pair: n_b rows of
  * [gen slot, delay slot] logits, pair_stride floats apart. audio: row (b, k) of n_audio
@@ -111,11 +119,12 @@ STT_API int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots,
     int32_t n_bad = 0;
     int any_audio = 0;
     for (int32_t b = 0; b < n_b; b++) {
-        int64_t s = slots[b], dl = st->delayed_length[s], *row = out + (int64_t)b * W;
+        int64_t s = slots[b], dl = st->delayed_length[s], *row = out + (int64_t)b * W, from, to;
         bad[b] = 0;
         row[0] = st->pad;
         if (st->is_stopping[s]) continue;
-        any_audio |= (st->audio_length[s] < K ? st->audio_length[s] : K) > (dl > 0 ? dl : 0);
+        sampled_range(st, s, &from, &to);
+        any_audio |= to > from;
         if (dl >= 0 && dl < K) {
             row[0] = st->delay_slot;
         } else if (dl == K) {
@@ -138,16 +147,13 @@ STT_API int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots,
     }
     if (n_bad) return 3;
 
-    /* audio: codebook k of a running stream is sampled when delayed_length <= k <
-     * audio_length; the others stay audio_pad_code */
+    /* audio: the sampled codebooks (sampled_range); the others stay audio_pad_code */
     for (int32_t b = 0; b < n_b; b++) {
-        int64_t s = slots[b], al = st->audio_length[s], dl = st->delayed_length[s];
-        int64_t *row = out + (int64_t)b * W + 1;
+        int64_t s = slots[b], *row = out + (int64_t)b * W + 1, from, to;
         float *lg_b = audio + (int64_t)b * audio_b_stride;
         if (any_audio) /* the Python step masks the pad column of every row */
             for (int32_t k = 0; k < K; k++) lg_b[k * audio_k_stride + st->audio_pad_code] = -INFINITY;
-        int64_t from = dl > 0 ? dl : 0, to = al < K ? al : K;
-        if (st->is_stopping[s]) from = to = 0;
+        sampled_range(st, s, &from, &to);
         uint64_t key = row_key(st->seed[s], (uint64_t)st->time_step[s], st->audio_salt);
         float pen = st->audio_penalty[s];
         for (int32_t k = 0; k < K; k++) {
@@ -171,13 +177,11 @@ STT_API int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots,
 
     /* updates (contract section 4 step 4), as the Python step orders them */
     for (int32_t b = 0; b < n_b; b++) {
-        int64_t s = slots[b], *row = out + (int64_t)b * W, text = row[0];
+        int64_t s = slots[b], *row = out + (int64_t)b * W, text = row[0], from, to;
         int64_t al = st->audio_length[s], dl = st->delayed_length[s];
         int active = !st->is_stopping[s];
-        if (active) {
-            int64_t from = dl > 0 ? dl : 0, to = al < K ? al : K;
-            for (int64_t k = from; k < to; k++) st->seen[((int64_t)s * K + k) * A + row[1 + k]] = 1;
-        }
+        sampled_range(st, s, &from, &to);
+        for (int64_t k = from; k < to; k++) st->seen[((int64_t)s * K + k) * A + row[1 + k]] = 1;
         int forced_end = active && dl == K;
         int is_start = text == st->audio_start;
         int is_end = active && text == st->audio_end;

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamtts.core.tokens import TokenIds
 from streamtts.demo.gguf_writer import random_qwen3_tensors, write_qwen3_gguf
 from streamtts.errors import NativeLibraryError
 from streamtts.model import _llama
@@ -34,6 +35,24 @@ class TinyModel:
     shape: Qwen3Shape
     # (n_vocab, n_embd) float32: the output layer as llama.cpp sees it (f16-rounded)
     output: np.ndarray
+
+
+# Small model token ids: 4 codebooks of 16 codes, a 12-token text vocabulary (state-machine tests).
+SMALL_IDS = TokenIds(
+    n_vq=4,
+    pad_token_id=0,
+    im_start_token_id=1,
+    im_end_token_id=2,
+    audio_start_token_id=3,
+    audio_end_token_id=4,
+    audio_user_slot_token_id=5,
+    audio_assistant_gen_slot_token_id=6,
+    audio_assistant_delay_slot_token_id=7,
+    audio_pad_code=16,
+    audio_vocab_size=16,
+)
+# Same, with the gen slot's id above the delay slot's (pair columns swap).
+SWAPPED_IDS = TokenIds(**{**{f: getattr(SMALL_IDS, f) for f in SMALL_IDS.__struct_fields__}, "audio_assistant_gen_slot_token_id": 9})
 
 
 @pytest.fixture(scope="session")

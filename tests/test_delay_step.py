@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SMALL_IDS, SWAPPED_IDS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,20 +25,8 @@ from streamtts.errors import NonFiniteLogitsError
 from streamtts.model.sampler import NativeSampler
 
 REAL = TokenIds()
-SMALL = TokenIds(
-    n_vq=4,
-    pad_token_id=0,
-    im_start_token_id=1,
-    im_end_token_id=2,
-    audio_start_token_id=3,
-    audio_end_token_id=4,
-    audio_user_slot_token_id=5,
-    audio_assistant_gen_slot_token_id=6,
-    audio_assistant_delay_slot_token_id=7,
-    audio_pad_code=16,
-    audio_vocab_size=16,
-)
-SWAPPED = TokenIds(**{**{f: getattr(SMALL, f) for f in SMALL.__struct_fields__}, "audio_assistant_gen_slot_token_id": 9})
+SMALL = SMALL_IDS
+SWAPPED = SWAPPED_IDS
 STATE = ("audio_length", "delayed_length", "is_audio", "is_stopping", "audio_ended", "time_step", "seen")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import SMALL_IDS, SWAPPED_IDS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,27 +27,8 @@ A = REAL.audio_rows
 PAD = REAL.audio_pad_code
 V_REAL = 151663
 
-# Small model: 4 codebooks of 16 codes, a 12-token text vocabulary.
-SMALL = TokenIds(
-    n_vq=4,
-    pad_token_id=0,
-    im_start_token_id=1,
-    im_end_token_id=2,
-    audio_start_token_id=3,
-    audio_end_token_id=4,
-    audio_user_slot_token_id=5,
-    audio_assistant_gen_slot_token_id=6,
-    audio_assistant_delay_slot_token_id=7,
-    audio_pad_code=16,
-    audio_vocab_size=16,
-)
-# Same, with the gen slot's id above the delay slot's (pair columns swap).
-SWAPPED = TokenIds(
-    **{
-        **{f: getattr(SMALL, f) for f in SMALL.__struct_fields__},
-        "audio_assistant_gen_slot_token_id": 9,
-    }
-)
+SMALL = SMALL_IDS  # 4 codebooks of 16 codes, a 12-token text vocabulary
+SWAPPED = SWAPPED_IDS  # the gen slot's id above the delay slot's (pair columns swap)
 V_SMALL = 12
 
 

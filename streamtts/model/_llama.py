@@ -203,7 +203,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_set_log_forward", None, [c_int32])
     # const char *stt_system_info(void);
     fn("stt_system_info", c_char_p, [])
-    # stt_delay_step: prototype at DELAY_STEP_ARGS below
+    # stt_delay_step: prototype above DELAY_STEP_ARGS
     fn("stt_delay_step", c_int32, DELAY_STEP_ARGS)
     # int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32_t n_rows,
     #     int32_t n_cols, const float *temperature, const int64_t *top_k, const double *top_p,

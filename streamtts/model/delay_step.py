@@ -20,15 +20,12 @@ import numpy as np
 from ..core.sampling import AUDIO_STREAM, TEXT_STREAM, stream_salt
 from ..errors import NonFiniteLogitsError
 from ._llama import SttDelayStates, load_bridge
+from .sampler import _ptr
 
 if TYPE_CHECKING:
     from ..core.state import DelayStates
 
 _DONE, _NEEDS_TEXT, _BAD_SLOTS, _BAD_TEXT, _BAD_AUDIO = 0, 1, 2, 3, 4
-
-
-def _ptr(a: np.ndarray) -> int:
-    return int(a.ctypes.data)
 
 
 class CompiledDelayStep:
