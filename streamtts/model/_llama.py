@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 from ..errors import NativeLibraryError
 from ..paths import cache_dir
@@ -88,6 +89,11 @@ class SttParams(ctypes.Structure):
 
 
 _P = ctypes.c_void_p
+
+
+def ptr(a: Any) -> int | None:
+    """The address of a NumPy array's data for a ``void *`` argument (None: NULL)."""
+    return None if a is None else int(a.ctypes.data)
 
 
 # typedef struct {

@@ -20,7 +20,7 @@ import numpy as np
 from ..core.sampling import AUDIO_STREAM, TEXT_STREAM, stream_salt
 from ..errors import NonFiniteLogitsError
 from ._llama import SttDelayStates, load_bridge
-from .sampler import _ptr
+from ._llama import ptr as _ptr
 
 if TYPE_CHECKING:
     from ..core.state import DelayStates

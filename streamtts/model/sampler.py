@@ -19,16 +19,13 @@ import numpy as np
 from ..core.sampling import SamplerWorkspace
 from ..errors import NonFiniteLogitsError
 from ._llama import load_bridge
+from ._llama import ptr as _ptr
 
 if TYPE_CHECKING:
     from ..core.state import DelayStates
     from .delay_step import CompiledDelayStep
 
 _SMALL_K = 256  # sampler.c keeps up to this many candidates on its stack; above, scratch
-
-
-def _ptr(a: np.ndarray | None) -> int | None:
-    return None if a is None else int(a.ctypes.data)
 
 
 class NativeSampler:
