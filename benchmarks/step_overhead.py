@@ -14,7 +14,9 @@ checkout's ``streamtts``, e.g. the commit before a change: before/after in one r
 - the engine's own per-step profile (embed / backbone / heads / sampling / other).
 
 Bare side, the same bridge, threads and prompts, no engine around them, each step a
-one-row ``llama_decode`` (hidden state out) then the audio heads, in one loop:
+one-row ``llama_decode`` (hidden state out) then the audio heads, in one loop, the steps
+centred on the slope's middle position (prompt + 200 rows; a step's attention grows with
+its position):
 - ``official``: the plain backbone GGUF (its whole text head, as the official pipeline runs
   it) and the heads as one NumPy matmul on 2 BLAS threads (issue #16's bare step);
 - ``engine file``: the GGUF the engine runs (text rows only, or fused heads) and the heads
@@ -163,8 +165,8 @@ def bare_file(
     long_prompt: np.ndarray,
 ) -> dict[str, float]:
     """On ``gguf``: prefill of the TTFA prompt (the engine's partition) and its first 32
-    steps, then one-row steps at the positions the slope measures (the long prompt + 200
-    rows: the middle of steps 100..300; attention grows with the context). Each step is a
+    steps, then one-row steps centred on the middle of the positions the slope measures
+    (the long prompt + 200 rows: steps 100..300; attention grows with the context). Each step is a
     decode then the audio heads (unless the file computes them), timed apart but run in
     one loop as the engine does: the heads' 67-270 MB of weights and the backbone's evict
     each other from the caches, which a loop of heads alone would not show. The heads run
@@ -216,18 +218,19 @@ def bare_file(
         # the rows after the cached prefix, with the prefix in the KV cache
         prefill(_pieces(prefix, 0, cfg.prefill_chunk))
         res["prefill_rest_ms"] = prefill([(a, b) for a, b in _pieces(s, prefix, cfg.prefill_chunk) if a >= prefix])
-        bb.seq_rm(0)
         le = emb.embed_rows(long_prompt)
-        ctx = np.concatenate([le, np.repeat(le[-1:], SHORT_STEPS + (LONG_STEPS - SHORT_STEPS) // 2 - steps, 0)])
-        for a in range(0, ctx.shape[0], cfg.n_batch):  # fill the context (untimed)
-            b = min(a + cfg.n_batch, ctx.shape[0])
-            bb.decode(np.ascontiguousarray(ctx[a:b]), pos[a:b], seq0[: b - a], np.zeros(b - a, np.int8), None, None)
+        # the slope's steps 100..300 decode at positions S + 100 .. S + 300 (S prompt rows);
+        # a step's cost grows with its position, so each way's steps are centred on S + 200
+        start = le.shape[0] + SHORT_STEPS + (LONG_STEPS - SHORT_STEPS) // 2 - steps // 2
+        ctx = np.concatenate([le, np.repeat(le[-1:], start - le.shape[0], 0)])
         row = np.ascontiguousarray(le[-1:])
-        at = ctx.shape[0]
         for name, blas, heads in ways or [("none", 1, None)]:
+            bb.seq_rm(0)
+            for a in range(0, ctx.shape[0], cfg.n_batch):  # fill the context (untimed)
+                b = min(a + cfg.n_batch, ctx.shape[0])
+                bb.decode(np.ascontiguousarray(ctx[a:b]), pos[a:b], seq0[: b - a], np.zeros(b - a, np.int8), None, None)
             with threadpool_limits(blas, user_api="blas"):
-                dt = [step(row, at + i, heads) for i in range(steps)]
-            at += steps
+                dt = [step(row, start + i, heads) for i in range(steps)]
             res[f"decode_{name}_ms"] = _ms([d for d, _ in dt])
             if heads is not None:
                 res[f"heads_{name}_ms"] = _ms([x for _, x in dt])

@@ -99,6 +99,7 @@ def _run(
     fused: bool,
     bad: float = 0.0,
     delay: tuple[float, ...] = (-6.0, -3.0, 0.0, 2.0),
+    bound: bool = False,
 ) -> Counting:
     rng = np.random.default_rng(seed)
     k_n, a_n = ids.n_vq, ids.audio_rows
@@ -106,7 +107,15 @@ def _run(
     py = DelayStates(capacity, ids, PythonStep(native))
     cc = DelayStates(capacity, ids, native)
     assert py._compiled is None
-    count = Counting(cc)
+    k_all = 2 + k_n * a_n if fused else 2
+    # the engine's way (bound=True): buffers bound once, a step in their first rows
+    slot_buf = np.zeros(capacity, np.int64)
+    logits_buf = np.zeros((capacity, k_all), np.float32)
+    audio_buf = logits_buf[:, 2:].reshape(capacity, k_n, a_n) if fused else np.zeros((capacity, k_n, a_n), np.float32)
+    out_buf = np.zeros((capacity, 1 + k_n), np.int64)
+    fast = cc.bound_step(slot_buf, logits_buf[:, :2], audio_buf, out_buf) if bound else None
+    assert (fast is not None) == bound
+    count = Counting(cc)  # counts the general step's calls (the bound one's: below)
     live = [int(s) for s in rng.permutation(capacity)[: int(rng.integers(1, capacity + 1))]]
     for s in live:
         prompt, params, seed_s = _prompt(rng, ids), _params(rng), int(rng.integers(0, 2**63))
@@ -136,8 +145,18 @@ def _run(
                 lg = audio.copy()
             out = np.full((b, 1 + k_n), -5, np.int64)
             try:
-                states.step(batch, pair.copy(), lg, lambda j, full=full: full[j].copy(), out=out)
-                results.append(("ok", out))
+                if states is cc and fast is not None:
+                    logits_buf[:b, :2] = pair
+                    audio_buf[:b] = audio
+                    slot_buf[:b] = batch
+                    out = out_buf[:b]
+                    if fast(b):
+                        count.took += 1
+                    else:  # handed back: the general step on the same buffers
+                        states.step(batch, logits_buf[:b, :2], audio_buf[:b], lambda j, full=full: full[j].copy(), out=out)
+                else:
+                    states.step(batch, pair.copy(), lg, lambda j, full=full: full[j].copy(), out=out)
+                results.append(("ok", out.copy()))
             except NonFiniteLogitsError as exc:
                 results.append(("error", str(exc)))
         assert results[0][0] == results[1][0], results
@@ -150,10 +169,10 @@ def _run(
     return count
 
 
-@given(st.integers(0, 2**32 - 1), st.booleans())
-@settings(max_examples=60, deadline=None)
-def test_same_rows_and_states_as_the_python_step_small(native: NativeSampler, seed: int, fused: bool) -> None:
-    _run(native, SMALL, seed, steps=40, capacity=6, fused=fused, bad=0.05)
+@given(st.integers(0, 2**32 - 1), st.booleans(), st.booleans())
+@settings(max_examples=80, deadline=None)
+def test_same_rows_and_states_as_the_python_step_small(native: NativeSampler, seed: int, fused: bool, bound: bool) -> None:
+    _run(native, SMALL, seed, steps=40, capacity=6, fused=fused, bad=0.05, bound=bound)
 
 
 @given(st.integers(0, 2**32 - 1))
@@ -163,8 +182,9 @@ def test_same_rows_and_states_with_swapped_pair_ids(native: NativeSampler, seed:
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_same_rows_and_states_real_shapes(native: NativeSampler, fused: bool) -> None:
-    count = _run(native, REAL, 3, steps=120, capacity=4, fused=fused, delay=(-9.0,) * 12 + (3.0,))
+@pytest.mark.parametrize("bound", [False, True])
+def test_same_rows_and_states_real_shapes(native: NativeSampler, fused: bool, bound: bool) -> None:
+    count = _run(native, REAL, 3, steps=120, capacity=4, fused=fused, delay=(-9.0,) * 12 + (3.0,), bound=bound)
     # the compiled twin took the steps in audio mode, and handed the text-mode ones back
     assert count.took > 60 and count.handed_back >= 1, (count.took, count.handed_back)
 
@@ -193,3 +213,25 @@ def test_bad_slots_and_bad_rows_leave_the_states_unchanged(native: NativeSampler
     for n, v in before.items():
         np.testing.assert_array_equal(getattr(states, n), v, err_msg=n)
     assert count.took == 0  # every one of those raised from the compiled step
+
+
+def test_bound_step_refuses_buffers_it_cannot_read(native: NativeSampler) -> None:
+    ids = SMALL
+    states = DelayStates(4, ids, native)
+    k, a = ids.n_vq, ids.audio_rows
+    ok = (np.zeros(4, np.int64), np.zeros((4, 2), np.float32), np.zeros((4, k, a), np.float32), np.zeros((4, 1 + k), np.int64))
+    assert states.bound_step(*ok) is not None
+    assert DelayStates(4, ids).bound_step(*ok) is None  # the NumPy sampler has no compiled twin
+    for i, bad in enumerate(
+        (np.zeros(4, np.int32), np.zeros((3, 2), np.float32), np.zeros((4, k, a), np.float64), np.zeros((4, 1 + k), np.int32))
+    ):
+        args = list(ok)
+        args[i] = bad
+        assert states.bound_step(*args) is None, i
+    fast = states.bound_step(*ok)
+    assert fast is not None
+    with pytest.raises(ValueError, match="5 streams do not fit the 4 rows bound"):
+        fast(5)
+    ok[0][:2] = [1, 1]
+    with pytest.raises(ValueError, match=r"slots must be distinct and in \[0, 4\), got \[1, 1\]"):
+        fast(2)

@@ -24,17 +24,18 @@ class FrameAssembler:
         self.capacity = capacity
         self.n_vq = n_vq
         self.pad = pad
-        self._ring = np.full((capacity, n_vq, n_vq), pad, dtype=np.int64)
-        self._count = np.zeros(capacity, dtype=np.int64)
+        # public for the compiled push (model/frames_push.py), which works on these arrays
+        self.ring = np.full((capacity, n_vq, n_vq), pad, dtype=np.int64)  # each slot's last K rows
+        self.count = np.zeros(capacity, dtype=np.int64)  # rows pushed per slot
         self._k = np.arange(n_vq, dtype=np.int64)
 
     def reset(self, slot: int) -> None:
         """Forget the slot's rows; its next push is row 0 of a new stream."""
-        self._count[slot] = 0
-        self._ring[slot] = self.pad
+        self.count[slot] = 0
+        self.ring[slot] = self.pad
 
     def rows_pushed(self, slot: int) -> int:
-        return int(self._count[slot])
+        return int(self.count[slot])
 
     def push(
         self,
@@ -55,18 +56,18 @@ class FrameAssembler:
         b_n = s.shape[0]
         if audio_rows.shape != (b_n, k_n):
             raise ValueError(f"audio_rows must be ({b_n}, {k_n}), got {audio_rows.shape}")
-        row_no = self._count[s]
+        row_no = self.count[s]
         pos = row_no % k_n
-        self._ring[s, pos, :] = audio_rows
+        self.ring[s, pos, :] = audio_rows
         n = row_no + 1
-        self._count[s] = n
+        self.count[s] = n
         f = n - k_n
         complete = f >= 0
         # Frame f takes channel k from row f + k, stored at ring position (f + k) % K.
         ring_pos = (f[:, None] + self._k[None, :]) % k_n
         if frames_out is None:
             frames_out = np.empty((b_n, k_n), dtype=np.int64)
-        frames_out[...] = self._ring[s[:, None], ring_pos, self._k[None, :]]
+        frames_out[...] = self.ring[s[:, None], ring_pos, self._k[None, :]]
         frames_out[~complete] = self.pad
         ready = complete & np.any(frames_out != self.pad, axis=1)
         index = np.where(complete, f, -1)

@@ -55,6 +55,14 @@ class CompiledStep(Protocol):
     ) -> bool: ...
 
 
+class BoundStep(Protocol):
+    """The compiled step on buffers bound once (:meth:`DelayStates.bound_step`): steps the
+    first ``n`` slots of its slot buffer on the first ``n`` rows of the others; True when
+    it took the step, False (nothing changed) when :meth:`DelayStates.step` must."""
+
+    def __call__(self, n: int) -> bool: ...
+
+
 NONE = -1
 """``delayed_length`` sentinel: no delay flush in progress."""
 
@@ -138,6 +146,16 @@ class DelayStates:
         # cannot take (a full text row) come back here
         bind = getattr(sampler, "bind_states", None)
         self._compiled: CompiledStep | None = bind(self) if bind is not None else None
+
+    def bound_step(self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> BoundStep | None:
+        """The compiled step on buffers the caller keeps for good: a step of B <= R streams
+        has their slot numbers in ``slots[:B]`` (R,) int64, and its text pair logits (R, 2),
+        audio logits (R, K, A) and rows (R, 1 + K) in the first B rows of the others. None
+        without a compiled twin, or when it does not read these layouts. It takes the same
+        steps as :meth:`step` on those views, without checking shapes or looking up
+        addresses each step."""
+        bind = getattr(self._compiled, "bind_buffers", None)
+        return bind(slots, pair, audio, out) if bind is not None else None
 
     # -- lifecycle --------------------------------------------------------------------
 

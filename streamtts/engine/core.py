@@ -150,9 +150,19 @@ class EngineCore:
         self.audio_in_place = fused_heads and bool(getattr(sampler, "accepts_strided", False))
         self.audio_buf = np.zeros((0 if self.audio_in_place else 2 * cap, k * a), dtype=np.float32)
         backbone.bind(self.embd, self.pos, self.seq, self.outf, self.hidden, self.logits)
+        audio_base = self.logits[:, 2:] if self.audio_in_place else self.audio_buf
+        self._out = np.zeros((2 * cap, 1 + k), dtype=np.int64)
+        # the compiled step bound to these buffers (None: the NumPy sampler); the audio
+        # logits of a step's B rows are always the first B rows of audio_base
+        audio_all = audio_base.reshape(2 * cap, k, a)  # a view: the last axis is contiguous
+        assert audio_all.size == 0 or np.shares_memory(audio_all, audio_base)
+        # a step's slot numbers (for the compiled twins, bound once below)
+        self._slot_buf = np.zeros(2 * cap, dtype=np.int64)
+        self._bound_step = self.states.bound_step(self._slot_buf, self.logits[:, :2], audio_all, self._out)
+        bind_frames = getattr(sampler, "bind_frames", None)
+        self._bound_push = None if bind_frames is None else bind_frames(self.assembler, self._slot_buf, self._out[:, 1:])
         self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
         self._rows = np.zeros((cap, 1 + k), dtype=np.int64)
-        self._out = np.zeros((2 * cap, 1 + k), dtype=np.int64)
         self._empty = np.zeros((0, k), dtype=np.int64)
         self._arange = np.arange(rows_max, dtype=np.int32)
         self.waiting: deque[PreparedRequest] = deque()
@@ -226,6 +236,8 @@ class EngineCore:
             self.update(result)
 
     def _drain_commands(self, block: bool) -> bool:
+        if not block and self._commands.empty():  # the usual tick: no exception raised and caught
+            return True
         while True:
             try:
                 if block:
@@ -445,9 +457,14 @@ class EngineCore:
         b = slots.size
         assert result.audio is not None
         t3 = time.perf_counter()
-        pair = self.logits[:b, :2]
-        self._force_fixed(slots, pair)
-        out = self.states.step(slots, pair, result.audio, self._full_text_logits, self._out[:b])
+        self._force_fixed(slots, b)
+        bound = self._bound_step
+        if bound is not None:
+            self._slot_buf[:b] = slots
+        if bound is not None and bound(b):
+            out = self._out[:b]
+        else:  # the NumPy sampler, or a stream outside audio mode
+            out = self.states.step(slots, self.logits[:b, :2], result.audio, self._full_text_logits, self._out[:b])
         t4 = time.perf_counter()
         self.slots.steps[slots] += 1
         self.next_rows[slots] = out
@@ -459,17 +476,25 @@ class EngineCore:
             if s is not None:
                 s.req.stats.steps += 1
                 s.req.stats.step_s += tick_s
-        frames, ready, index = self.assembler.push(slots, out[:, 1:])
+        push = self._bound_push
+        if push is not None:  # the compiled twin, on this step's slots and rows
+            if bound is None:
+                self._slot_buf[:b] = slots
+            push(b)
+            frames, ready, index = push.frames[:b], push.ready[:b], push.index[:b]
+        else:
+            frames, ready, index = self.assembler.push(slots, out[:, 1:])
         self._route(slots, frames, ready, index)
         prof.ticks += 1
         prof.rows += b
         prof.sampling += t4 - t3
         prof.other += time.perf_counter() - t4
 
-    def _force_fixed(self, run: np.ndarray, pair: np.ndarray) -> None:
-        fx = self.slots.fixed[run]
-        if fx.max(initial=-1) < 0:
+    def _force_fixed(self, run: np.ndarray, b: int) -> None:
+        if not self.slots.n_fixed:  # a plain int: after a decode every NumPy call runs cold
             return
+        pair = self.logits[:b, :2]
+        fx = self.slots.fixed[run]
         st = self.slots.steps[run]
         on = fx >= 0
         pair[on & (st < fx - 1), 1] = _NEG_INF  # keep talking

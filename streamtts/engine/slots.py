@@ -50,6 +50,7 @@ class SlotTable:
         self.steps = np.zeros(capacity, dtype=np.int64)  # generation steps taken
         self.max_new = np.zeros(capacity, dtype=np.int64)  # step limit
         self.fixed = np.full(capacity, -1, dtype=np.int64)  # benchmarks: forced length, -1 = off
+        self.n_fixed = 0  # slots with a forced length (the step skips them all when none)
         # when a real-time listener of the slot would run dry (-inf before its first audio)
         self.audio_due = np.full(capacity, -np.inf, dtype=np.float64)
 
@@ -75,7 +76,10 @@ class SlotTable:
         self.kv_pos[slot] = 0
         self.steps[slot] = 0
         self.max_new[slot] = req.max_new_tokens
+        if self.fixed[slot] >= 0:  # a slot given again without a release
+            self.n_fixed -= 1
         self.fixed[slot] = -1 if req.fixed_frames is None else req.fixed_frames
+        self.n_fixed += req.fixed_frames is not None
         self.audio_due[slot] = -np.inf
         return s
 
@@ -86,6 +90,8 @@ class SlotTable:
         self.kv_pos[slot] = 0
         self.steps[slot] = 0
         self.max_new[slot] = 0
+        if self.fixed[slot] >= 0:
+            self.n_fixed -= 1
         self.fixed[slot] = -1
         self.audio_due[slot] = -np.inf
         return s

@@ -1,4 +1,5 @@
-"""Every ctypes declaration for the native bridge (``native/bridge.c``, ``sampler.c``, ``delay.c``), and finding it.
+"""Every ctypes declaration for the native bridge (``native/bridge.c``, ``sampler.c``, ``delay.c``,
+``frames.c``), and finding it.
 
 The bridge wraps llama.cpp (the copy vendored by llama-cpp-python 0.3.36) behind a
 few plain C functions; ``native/build.sh`` builds both into one folder of the cache.
@@ -129,6 +130,15 @@ DELAY_STEP_ARGS = [ctypes.POINTER(SttDelayStates), _P, c_int32, _P, ctypes.c_int
                    ctypes.c_int64, ctypes.c_int64, _P, _P, _P]  # fmt: skip
 
 
+# typedef struct {
+#     int32_t capacity, n_vq;
+#     int64_t pad;
+#     int64_t *ring, *count;
+# } stt_frames;   (native/frames.c)
+class SttFrames(ctypes.Structure):
+    _fields_ = [("capacity", c_int32), ("n_vq", c_int32), ("pad", ctypes.c_int64), ("ring", _P), ("count", _P)]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.POINTER
 
@@ -211,6 +221,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_system_info", c_char_p, [])
     # stt_delay_step: prototype above DELAY_STEP_ARGS
     fn("stt_delay_step", c_int32, DELAY_STEP_ARGS)
+    # int32_t stt_frames_push(const stt_frames *fa, const int64_t *slots, int32_t n_b,
+    #     const int64_t *rows, int64_t row_stride, int64_t *frames_out, uint8_t *ready,
+    #     int64_t *index);   (native/frames.c)
+    fn("stt_frames_push", c_int32, [P(SttFrames), _P, c_int32, _P, ctypes.c_int64, _P, _P, _P])
     # int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32_t n_rows,
     #     int32_t n_cols, const float *temperature, const int64_t *top_k, const double *top_p,
     #     const double *u, const uint8_t *seen, const float *penalty, void *scratch,

@@ -81,16 +81,7 @@ class CompiledDelayStep:
         """Step ``slots`` (shapes already checked by the caller); False when this step needs
         the Python one (a stream outside audio mode, or logits in a layout it does not read),
         with nothing changed."""
-        if (
-            pair.dtype != np.float32
-            or audio.dtype != np.float32
-            or pair.strides[-1] != 4
-            or audio.strides[-1] != 4
-            or pair.strides[0] % 4
-            or audio.strides[0] % 4
-            or audio.strides[1] % 4
-            or not out.flags.c_contiguous
-        ):
+        if not _readable(pair, audio, out):
             return False
         s = np.ascontiguousarray(slots, dtype=np.int64)
         n = s.shape[0]
@@ -98,15 +89,77 @@ class CompiledDelayStep:
             self._ref, _ptr(s), n, _ptr(pair), pair.strides[0] // 4, _ptr(audio),
             audio.strides[0] // 4, audio.strides[1] // 4, _ptr(out), _ptr(self._scratch), _ptr(self._bad),
         )  # fmt: skip
+        return self.result(rc, s)
+
+    def bind_buffers(self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> BoundDelayStep | None:
+        """This step on buffers fixed for good (see ``DelayStates.bound_step``); None when
+        their layout is not one it reads."""
+        k, a = self._states.n_vq, self._states.n_audio
+        r = slots.shape[0] if slots.ndim == 1 else -1
+        if (
+            slots.dtype != np.int64
+            or not slots.flags.c_contiguous
+            or pair.shape != (r, 2)
+            or audio.shape != (r, k, a)
+            or out.shape != (r, 1 + k)
+            or out.dtype != np.int64
+        ):
+            return None
+        return BoundDelayStep(self, slots, pair, audio, out) if _readable(pair, audio, out) else None
+
+    def result(self, rc: int, s: np.ndarray) -> bool:
+        """The step's return code for slots ``s``: True (taken), False (the Python step's),
+        or the error it stands for."""
         if rc == _DONE:
             return True
         if rc == _NEEDS_TEXT:
             return False
         if rc == _BAD_SLOTS:
             raise ValueError(f"slots must be distinct and in [0, {self._states.capacity}), got {s.tolist()}")
-        bad = np.flatnonzero(self._bad[:n])
+        bad = np.flatnonzero(self._bad[: s.shape[0]])
         if rc == _BAD_TEXT:
             raise NonFiniteLogitsError(s[bad], "text of slots")
         if rc == _BAD_AUDIO:
             raise NonFiniteLogitsError(np.unique(s[bad]), "audio of slots")
         raise RuntimeError(f"stt_delay_step returned {rc}")  # cannot happen: scratch is always given
+
+
+def _readable(pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> bool:
+    """Logits in float32 with whole-element strides and contiguous rows out: what the C step reads."""
+    return not (
+        pair.dtype != np.float32
+        or audio.dtype != np.float32
+        or pair.strides[-1] != 4
+        or audio.strides[-1] != 4
+        or pair.strides[0] % 4
+        or audio.strides[0] % 4
+        or audio.strides[1] % 4
+        or not out.flags.c_contiguous
+    )
+
+
+class BoundDelayStep:
+    """:class:`CompiledDelayStep` on the engine's buffers, addresses and strides worked out
+    once: a step is one call. Why: after a decode every Python and NumPy call runs on cold
+    caches, and the checks and address lookups of a general call cost about 0.1 ms a step
+    there (measured in the engine)."""
+
+    def __init__(self, step: CompiledDelayStep, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> None:
+        self._step = step
+        self._keep = (slots, pair, audio, out)  # the buffers the addresses point into
+        self._slots = slots
+        self._rows = slots.shape[0]
+        self._fn = step._fn
+        self._ref = step._ref
+        self._head = _ptr(slots)
+        self._tail = (
+            _ptr(pair), pair.strides[0] // 4, _ptr(audio), audio.strides[0] // 4, audio.strides[1] // 4,
+            _ptr(out), _ptr(step._scratch), _ptr(step._bad),
+        )  # fmt: skip
+
+    def __call__(self, n: int) -> bool:
+        """Step the first ``n`` slots of the slot buffer (distinct) on the first ``n`` rows."""
+        if n > self._rows:
+            raise ValueError(f"{n} streams do not fit the {self._rows} rows bound")
+        rc = self._fn(self._ref, self._head, n, *self._tail)
+        return rc == _DONE or self._step.result(rc, self._slots[:n])

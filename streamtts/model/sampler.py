@@ -22,8 +22,10 @@ from ._llama import load_bridge
 from ._llama import ptr as _ptr
 
 if TYPE_CHECKING:
+    from ..core.frames import FrameAssembler
     from ..core.state import DelayStates
     from .delay_step import CompiledDelayStep
+    from .frames_push import BoundFramePush
 
 _SMALL_K = 256  # sampler.c keeps up to this many candidates on its stack; above, scratch
 
@@ -119,6 +121,13 @@ class NativeSampler:
         from .delay_step import CompiledDelayStep
 
         return CompiledDelayStep(states)
+
+    def bind_frames(self, assembler: FrameAssembler, slots: np.ndarray, rows: np.ndarray) -> BoundFramePush:
+        """The compiled push of ``assembler`` on a step's slot numbers and rows, bound once
+        (the engine asks its sampler for one: compiled twins go together)."""
+        from .frames_push import BoundFramePush
+
+        return BoundFramePush(assembler, slots, rows)
 
     @staticmethod
     def _offsets(logits: np.ndarray, sel: np.ndarray) -> np.ndarray:
