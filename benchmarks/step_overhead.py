@@ -14,9 +14,8 @@ checkout's ``streamtts``, e.g. the commit before a change: before/after in one r
 - the engine's own per-step profile (embed / backbone / heads / sampling / other).
 
 Bare side, the same bridge, threads and prompts, no engine around them, each step a
-one-row ``llama_decode`` (hidden state out) then the audio heads, in one loop, the steps
-centred on the slope's middle position (prompt + 200 rows; a step's attention grows with
-its position):
+one-row ``llama_decode`` (hidden state out) then the audio heads, in one loop, at the
+positions of the decodes the slope counts (a step's cost depends on its position):
 - ``official``: the plain backbone GGUF (its whole text head, as the official pipeline runs
   it) and the heads as one NumPy matmul on 2 BLAS threads (issue #16's bare step);
 - ``engine file``: the GGUF the engine runs (text rows only, or fused heads) and the heads
@@ -26,8 +25,10 @@ its position):
   state of the last row) with its first 32 steps, and one codec call decoding the first
   frame (streaming slot or window, as the engine does); also the prefill of only the rows
   after the cacheable prefix, that prefix already in the KV cache (``prefill_rest_ms``).
-Limits: step = decode + heads (the median step; also the mean step, which counts stalls as
-the engine's slope, a mean over 200 steps, does); ``plus_codec``: the step plus the codec's
+Limits: step = decode + heads, over the slope's positions: per run of positions with the
+same padded cell count (llama.cpp attends over the used cells rounded up to 256) the median
+step, weighted by the run's length; also the plain median and the mean step (which counts
+stalls, as the engine's slope, a mean over 200 steps, does); ``plus_codec``: the step plus the codec's
 bare work per step (the frames steps 100..300 complete, in the engine's chunk sizes), which
 the engine's slope includes and a bare step does not; TTFA = prefill of the whole prompt + its
 32 steps + codec call (issue #16's limit); ``cached_prefix``: the same with the prefill of the
@@ -52,7 +53,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from streamtts.bench import codec_bound
+from streamtts.bench import KV_PAD, codec_bound
 from streamtts.codec import load_decoder, load_streaming_decoder
 from streamtts.config import EngineConfig, find_model_config, load_config
 from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt_ex
@@ -88,6 +89,16 @@ def emit(report: dict[str, Any], path: str | None) -> None:
 
 def _ms(xs: list[float]) -> float:
     return 1000.0 * statistics.median(xs)
+
+
+def _block_ms(positions: list[int], xs: list[float]) -> float:
+    """The mean over ``positions`` of a step's cost, robust to stalls: the median of each
+    run of positions that attend over the same padded cell count, weighted by its length
+    (a plain median would miss the dearer steps past a boundary, a mean counts stalls)."""
+    blocks: dict[int, list[float]] = {}
+    for p, x in zip(positions, xs, strict=True):
+        blocks.setdefault(p // KV_PAD, []).append(x)
+    return 1000.0 * sum(len(v) * statistics.median(v) for v in blocks.values()) / len(xs)
 
 
 # -- engine -----------------------------------------------------------------------------------
@@ -154,6 +165,19 @@ def _pieces(n_rows: int, prefix: int, chunk: int) -> list[tuple[int, int]]:
 HEADS_WAYS = (("split2", 1, 2), ("blas2", 2, 1))
 
 
+def slope_positions(prompt_rows: int, n: int) -> list[int]:
+    """The positions of the decodes the slope counts, or ``n`` of them evenly spread: a
+    stream of N steps decodes rows at positions S .. S + N - 2 (S prompt rows; its first
+    row comes from the prompt's last), so a 300-step stream makes 200 decodes more than a
+    100-step one, at S + 99 .. S + 298. Their cost is not a line in the position: llama.cpp
+    pads the cells it attends over to a multiple of 256, so a step costs more from each
+    such boundary on (on the ``deep`` model +14 % past 1024 cells, which the long text's
+    stream crosses at step 263). The bare step is their mean, as the slope is."""
+    first, count = prompt_rows + SHORT_STEPS - 1, LONG_STEPS - SHORT_STEPS
+    n = max(1, min(n, count))
+    return [first + (i * count) // n for i in range(n)]
+
+
 def bare_file(
     cfg: EngineConfig,
     ids: TokenIds,
@@ -165,8 +189,8 @@ def bare_file(
     long_prompt: np.ndarray,
 ) -> dict[str, float]:
     """On ``gguf``: prefill of the TTFA prompt (the engine's partition) and its first 32
-    steps, then one-row steps centred on the middle of the positions the slope measures
-    (the long prompt + 200 rows: steps 100..300; attention grows with the context). Each step is a
+    steps, then one-row steps at the positions the slope counts (``slope_positions``: all
+    of them, or ``steps`` spread over them, the rows between filled untimed). Each step is a
     decode then the audio heads (unless the file computes them), timed apart but run in
     one loop as the engine does: the heads' 67-270 MB of weights and the backbone's evict
     each other from the caches, which a loop of heads alone would not show. The heads run
@@ -219,22 +243,29 @@ def bare_file(
         prefill(_pieces(prefix, 0, cfg.prefill_chunk))
         res["prefill_rest_ms"] = prefill([(a, b) for a, b in _pieces(s, prefix, cfg.prefill_chunk) if a >= prefix])
         le = emb.embed_rows(long_prompt)
-        # the slope's steps 100..300 decode at positions S + 100 .. S + 300 (S prompt rows);
-        # a step's cost grows with its position, so each way's steps are centred on S + 200
-        start = le.shape[0] + SHORT_STEPS + (LONG_STEPS - SHORT_STEPS) // 2 - steps // 2
-        ctx = np.concatenate([le, np.repeat(le[-1:], start - le.shape[0], 0)])
+        at = slope_positions(le.shape[0], steps)
+        ctx = np.concatenate([le, np.repeat(le[-1:], at[-1] + 1 - le.shape[0], 0)])
         row = np.ascontiguousarray(le[-1:])
+
+        def fill(a: int, b: int) -> None:  # rows [a, b) into the KV cache, untimed
+            for c in range(a, b, cfg.n_batch):
+                d = min(c + cfg.n_batch, b)
+                bb.decode(np.ascontiguousarray(ctx[c:d]), pos[c:d], seq0[: d - c], np.zeros(d - c, np.int8), None, None)
+
         for name, blas, heads in ways or [("none", 1, None)]:
             bb.seq_rm(0)
-            for a in range(0, ctx.shape[0], cfg.n_batch):  # fill the context (untimed)
-                b = min(a + cfg.n_batch, ctx.shape[0])
-                bb.decode(np.ascontiguousarray(ctx[a:b]), pos[a:b], seq0[: b - a], np.zeros(b - a, np.int8), None, None)
+            dt = []
             with threadpool_limits(blas, user_api="blas"):
-                dt = [step(row, start + i, heads) for i in range(steps)]
-            res[f"decode_{name}_ms"] = _ms([d for d, _ in dt])
+                last = 0
+                for p in at:
+                    fill(last, p)
+                    dt.append(step(row, p, heads))
+                    last = p + 1
+            res[f"decode_{name}_ms"] = _block_ms(at, [d for d, _ in dt])
             if heads is not None:
                 res[f"heads_{name}_ms"] = _ms([x for _, x in dt])
-            res[f"step_{name}_ms"] = _ms([d + x for d, x in dt])
+            res[f"step_{name}_ms"] = _block_ms(at, [d + x for d, x in dt])
+            res[f"step_{name}_median_ms"] = _ms([d + x for d, x in dt])
             # the mean counts every stall as the engine's slope does (a median skips them)
             res[f"step_{name}_mean_ms"] = 1000.0 * sum(d + x for d, x in dt) / len(dt)
     for _, _, heads in ways:
@@ -295,7 +326,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="default: the demo model")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--bare-steps", type=int, default=60)
+    ap.add_argument(
+        "--bare-steps", type=int, default=LONG_STEPS - SHORT_STEPS,
+        help="bare steps per way: all the slope's positions (default), or this many spread over them",
+    )  # fmt: skip
     ap.add_argument("--compare", nargs="*", default=[], metavar="NAME=DIR", help="other checkouts to run the engine side of")
     ap.add_argument("--json")
     ap.add_argument("--engine-run", metavar="CFG", help=argparse.SUPPRESS)  # internal: one engine run
@@ -365,6 +399,7 @@ def main() -> None:
         "bare_step_official_ms": round(official_step, 3),
         "bare_step_engine_file_ms": round(file_step, 3),
         "bare_step_engine_file_mean_ms": round(file_step_mean, 3),
+        "bare_step_engine_file_median_ms": round(med_b[f"file_step_{best}_median_ms"], 3),
         "bare_step_engine_file_heads": best,
         "bare_step_engine_file_plus_codec_ms": round(file_step_codec, 3),
         "ttfa_limit_official_ms": round(official_ttfa, 1),

@@ -24,6 +24,10 @@ from .constants import FRAME_S
 
 log = logging.getLogger(__name__)
 
+# llama.cpp attends over the used KV cells rounded up to a multiple of this (llama-kv-cache.cpp,
+# n_pad_cur): a step's cost steps up at each multiple
+KV_PAD = 256
+
 
 class NullBackbone:
     """Zero-cost stand-in for the llama.cpp backbone (same interface as ``Backbone``)."""
@@ -302,9 +306,11 @@ def kernel_bound(
     those, the best throughput and TTFA any scheduler could reach if everything else
     (Python, sampling, codec, threads) were free. Run with the engine closed.
 
-    The decodes run where a stream's steps are on average: each sequence holds its prompt
-    (``context_rows``, the cached prefix included) plus half the steps, since attention
-    costs grow with the context (a third more per step on the deep demo model at 300 rows)."""
+    The decodes run where a stream's steps are: from its prompt (``context_rows``, the
+    cached prefix included) on. A step's cost is set by the cells attended over, which
+    llama.cpp rounds up to a multiple of 256 (14 % more per step past 1024 cells on the
+    ``deep`` model), so the steps are timed in each run of positions with the same rounded
+    count their streams pass through, and weighted by its length."""
     from .errors import ModelFileError
     from .model.backbone import Backbone, BackboneParams
     from .model.fused import fused_columns, read_fused_info
@@ -318,8 +324,16 @@ def kernel_bound(
         finfo = None
     fused = finfo is not None and finfo.has_audio
     steps = frames + ids.n_vq - 1  # steps per stream for `frames` frames
-    fill = max(prefill_rows, context_rows) + max(0, steps // 2 - iters // 2)  # rows before the timed steps
-    span = fill + iters + 64
+    first = max(prefill_rows, context_rows)  # a stream's first step decodes at about this position
+    # runs of positions with the same rounded cell count, and the steps timed in each
+    # (centred in it): (timed from, steps timed, positions of the run)
+    runs = []
+    for a in range(first, first + steps):
+        if a == first or a % KV_PAD == 0:
+            runs.append([a, 0])
+        runs[-1][1] += 1
+    timed = [(a + (n - min(iters, n)) // 2, min(iters, n), n) for a, n in runs]
+    span = first + steps + 64
     params = BackboneParams(
         model_path=info["backbone"],
         n_ctx=n_max * (-(-span // 256) * 256),
@@ -360,10 +374,18 @@ def kernel_bound(
             bb.seq_rm(0)
 
         t_prefill = _median_ms(prefill, max(3, iters // 4))
+        def fill(n: int, a: int, b: int) -> None:  # positions [a, b) of sequences 0..n-1, untimed
+            for i in range(n):
+                for c in range(a, b, rows_max):
+                    m = min(rows_max, b - c)
+                    pos[:m] = np.arange(c, c + m, dtype=np.int32)
+                    seq[:m] = i
+                    flags[:m] = 0
+                    bb.decode_bound(m, False, 0)
+
         for n in sorted({1, *levels}):
             for i in range(n):
                 bb.seq_rm(i)
-            next_pos[:n] = fill
 
             def step(n: int = n) -> None:
                 pos[:n] = next_pos[:n]
@@ -374,21 +396,21 @@ def kernel_bound(
                     heads(hidden[:n], audio[:n])
                 next_pos[:n] += 1
 
-            for i in range(n):  # fill each sequence's context first (rows_max rows a call)
-                for a in range(0, fill, rows_max):
-                    m = min(rows_max, fill - a)
-                    pos[:m] = np.arange(a, a + m, dtype=np.int32)
-                    seq[:m] = i
-                    flags[:m] = 0
-                    bb.decode_bound(m, False, 0)
-            t_step = _median_ms(step, iters)
+            filled, total = 0, 0.0
+            for at, k, length in timed:
+                fill(n, filled, at)
+                next_pos[:n] = at
+                total += length * _median_ms(step, k)
+                filled = at + k
+            t_step = total / steps
             out["levels"].append({"concurrency": n, "step_ms": round(t_step, 3)})
         for i in range(n_max):
             bb.seq_rm(i)
     if heads is not None:
         heads.close()
     out["prefill_ms"] = round(t_prefill, 3)
-    out["context_rows"] = fill
+    out["context_rows"] = first
+    out["kv_runs"] = [length for _, _, length in timed]
     by_n = {lv["concurrency"]: lv["step_ms"] for lv in out["levels"]}
     for lv in out["levels"]:
         n, t = lv["concurrency"], lv["step_ms"]
