@@ -49,6 +49,7 @@ BRIDGE_SRC="$HERE/bridge.c"
 SAMPLER_SRC="$HERE/sampler.c"
 DELAY_SRC="$HERE/delay.c"
 FRAMES_SRC="$HERE/frames.c"
+EMBED_SRC="$HERE/embed.c"
 BRIDGE_NAME="libstreamtts_bridge.so"
 
 VARIANT=cpu
@@ -334,12 +335,12 @@ BRIDGE_CMD=(
     "$CC" -std=c11 -O3 -g -fPIC -shared -pthread -Wall -Wextra -Wno-unused-parameter
     "-DSTT_LLAMA_SOURCE=\"$SRC_ID, $VARIANT build\""
     -I"$LLAMA_DIR/include" -I"$LLAMA_DIR/ggml/include"
-    "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
+    "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
     -L"$LIB" -lllama -lggml -lggml-base -lggml-cpu -lm
     "-Wl,-rpath,\$ORIGIN" -Wl,--no-undefined
 )
 BRIDGE_STAMP="$LIB/bridge.stamp"
-BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$HERE/sampler.h" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
+BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$HERE/sampler.h" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
     | sha256sum | cut -c1-32)|${BRIDGE_CMD[*]}"
 if [[ -f "$LIB/$BRIDGE_NAME" && -f "$BRIDGE_STAMP" && "$(cat "$BRIDGE_STAMP")" == "$BRIDGE_HASH" ]]; then
     note "up to date"

@@ -162,6 +162,10 @@ class EngineCore:
         bind_frames = getattr(sampler, "bind_frames", None)
         self._bound_push = None if bind_frames is None else bind_frames(self.assembler, self._slot_buf, self._out[:, 1:])
         self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
+        bind_embedder = getattr(sampler, "bind_embedder", None)
+        self._bound_embed = (
+            None if bind_embedder is None or embedder is None else bind_embedder(embedder, self._slot_buf, self.next_rows, self.embd)
+        )
         self._rows = np.zeros((cap, 1 + k), dtype=np.int64)
         self._empty = np.zeros((0, k), dtype=np.int64)
         self._arange = np.arange(rows_max, dtype=np.int32)
@@ -364,9 +368,12 @@ class EngineCore:
         prof = self.profile
         b = run.size
         t0 = time.perf_counter()
-        rows = self._rows[:b]
-        np.take(self.next_rows, run, axis=0, out=rows, mode="clip")  # "clip": no buffered copy
-        if self.embedder is not None:
+        if self._bound_embed is not None:  # the compiled twin: the slots' next rows, embedded
+            self._slot_buf[:b] = run
+            self._bound_embed(b)
+        elif self.embedder is not None:
+            rows = self._rows[:b]
+            np.take(self.next_rows, run, axis=0, out=rows, mode="clip")  # "clip": no buffered copy
             self.embedder(rows, out=self.embd[:b])
         kv_pos = self.slots.kv_pos
         self.pos[:b] = kv_pos[run]

@@ -1,5 +1,5 @@
 """Every ctypes declaration for the native bridge (``native/bridge.c``, ``sampler.c``, ``delay.c``,
-``frames.c``), and finding it.
+``frames.c``, ``embed.c``), and finding it.
 
 The bridge wraps llama.cpp (the copy vendored by llama-cpp-python 0.3.36) behind a
 few plain C functions; ``native/build.sh`` builds both into one folder of the cache.
@@ -139,6 +139,21 @@ class SttFrames(ctypes.Structure):
     _fields_ = [("capacity", c_int32), ("n_vq", c_int32), ("pad", ctypes.c_int64), ("ring", _P), ("count", _P)]
 
 
+# typedef struct {
+#     int64_t n_embd, text_rows, n_vq, audio_rows;
+#     int32_t text_f16;
+#     const void *text;
+#     const float *audio;
+# } stt_embed;   (native/embed.c)
+class SttEmbed(ctypes.Structure):
+    _fields_ = [
+        *((n, ctypes.c_int64) for n in ("n_embd", "text_rows", "n_vq", "audio_rows")),
+        ("text_f16", c_int32),
+        ("text", _P),
+        ("audio", _P),
+    ]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.POINTER
 
@@ -225,6 +240,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     #     const int64_t *rows, int64_t row_stride, int64_t *frames_out, uint8_t *ready,
     #     int64_t *index);   (native/frames.c)
     fn("stt_frames_push", c_int32, [P(SttFrames), _P, c_int32, _P, ctypes.c_int64, _P, _P, _P])
+    # int32_t stt_embed_rows(const stt_embed *e, const int64_t *slots, int32_t n_b,
+    #     const int64_t *rows, int64_t n_rows, int64_t row_stride, float *out,
+    #     int64_t out_stride);   (native/embed.c)
+    fn("stt_embed_rows", c_int32, [P(SttEmbed), _P, c_int32, _P, ctypes.c_int64, ctypes.c_int64, _P, ctypes.c_int64])
     # int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32_t n_rows,
     #     int32_t n_cols, const float *temperature, const int64_t *top_k, const double *top_p,
     #     const double *u, const uint8_t *seen, const float *penalty, void *scratch,

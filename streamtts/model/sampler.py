@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from ..core.frames import FrameAssembler
     from ..core.state import DelayStates
     from .delay_step import CompiledDelayStep
+    from .embed_native import BoundEmbedder
     from .frames_push import BoundFramePush
+    from .weights import Embedder
 
 _SMALL_K = 256  # sampler.c keeps up to this many candidates on its stack; above, scratch
 
@@ -128,6 +130,16 @@ class NativeSampler:
         from .frames_push import BoundFramePush
 
         return BoundFramePush(assembler, slots, rows)
+
+    def bind_embedder(self, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> BoundEmbedder | None:
+        """The compiled step embedding of ``embedder`` on the rows of a step's slots, bound
+        once; None for tables it does not read (the NumPy embedding then)."""
+        from .embed_native import BoundEmbedder
+
+        try:
+            return BoundEmbedder(embedder, slots, rows, out)
+        except ValueError:
+            return None
 
     @staticmethod
     def _offsets(logits: np.ndarray, sel: np.ndarray) -> np.ndarray:
