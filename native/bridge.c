@@ -651,16 +651,17 @@ STT_API int32_t stt_copy_logits_row(struct stt_ctx *c, int32_t i, float *dst) {
 
 /* ---- KV cache ---------------------------------------------------------------------------- */
 
-/* Remove every cell of sequence seq (its cells become free for any sequence). */
-STT_API int32_t stt_seq_rm(struct stt_ctx *c, int32_t seq) {
+/* Remove the cells of sequence seq at positions >= p0, every cell when p0 <= 0 (they become
+ * free for any sequence). */
+STT_API int32_t stt_seq_rm(struct stt_ctx *c, int32_t seq, int32_t p0) {
     if (c == NULL) return STT_E_INVALID;
     c->err[0] = '\0';
     if (seq < 0 || seq >= c->n_seq_max) {
         set_err(c, "sequence id %d out of range [0, %d)", seq, c->n_seq_max);
         return STT_E_INVALID;
     }
-    if (!llama_memory_seq_rm(c->mem, seq, -1, -1)) {
-        set_err(c, "llama.cpp could not remove sequence %d", seq);
+    if (!llama_memory_seq_rm(c->mem, seq, p0 > 0 ? p0 : -1, -1)) {
+        set_err(c, "llama.cpp could not remove sequence %d from position %d", seq, p0 > 0 ? p0 : 0);
         return STT_E_FATAL;
     }
     c->n_out = 0;

@@ -21,12 +21,9 @@ from typing import Any, cast
 import numpy as np
 
 from .constants import FRAME_S
+from .model.backbone import KV_PAD
 
 log = logging.getLogger(__name__)
-
-# llama.cpp attends over the used KV cells rounded up to a multiple of this (llama-kv-cache.cpp,
-# n_pad_cur): a step's cost steps up at each multiple
-KV_PAD = 256
 
 
 class NullBackbone:
@@ -65,7 +62,7 @@ class NullBackbone:
     def copy_logits_row(self, i: int, out: np.ndarray) -> None:
         out[:] = 0.0
 
-    def seq_rm(self, seq: int) -> None:
+    def seq_rm(self, seq: int, start: int = 0) -> None:
         pass
 
     def seq_state(self, seq: int) -> np.ndarray:

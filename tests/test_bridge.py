@@ -324,7 +324,7 @@ def test_c_level_validation_never_aborts(bridge_lib: Any, make_backbone: Any) ->
     assert bridge_lib.stt_decode(h, 2, None, *p[1:]) == _llama.STT_E_INVALID
     assert b"must not be NULL" in bridge_lib.stt_last_error(h)
     assert bridge_lib.stt_decode(None, 2, *p) == _llama.STT_E_INVALID
-    assert bridge_lib.stt_seq_rm(h, 7) == _llama.STT_E_INVALID
+    assert bridge_lib.stt_seq_rm(h, 7, 0) == _llama.STT_E_INVALID
     assert bridge_lib.stt_copy_logits_row(h, 0, None) == _llama.STT_E_INVALID
     # outputs marked but no buffers: counted, nothing copied
     assert bridge_lib.stt_decode(h, 2, *p) == 2

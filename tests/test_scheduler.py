@@ -161,6 +161,10 @@ def test_streams_far_ahead_skip_steps_while_a_newcomer_waits_for_audio() -> None
     assert sched.schedule().decode.tolist() == [1, 2]
     slots.audio_due[2] = clock.t + 0.1  # everyone has audio: all step
     assert sched.schedule().decode.tolist() == [0, 1, 2]
+    # a stream far ahead between two that step would leave a gap, which costs as much as
+    # stepping it (the engine decodes a stand-in row there): it steps
+    slots.audio_due[:3] = [clock.t + 0.2, clock.t + 5.0, -np.inf]
+    assert sched.schedule().decode.tolist() == [0, 1, 2]
 
 
 def test_max_batch_rows_keeps_the_streams_closest_to_running_dry() -> None:

@@ -34,6 +34,7 @@ from ..core.sampling import RowSampler
 from ..core.state import DelayStates
 from ..core.tokens import TokenIds
 from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
+from ..model.backbone import KV_PAD
 from ..model.weights import AudioHeads, Embedder
 from ..request import PreparedRequest
 from .decoding import DecodeJob, DecodeWorker
@@ -64,7 +65,7 @@ class BackboneLike(Protocol):
 
     def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int: ...
 
-    def seq_rm(self, seq: int) -> None: ...
+    def seq_rm(self, seq: int, start: int = 0) -> None: ...
 
     def seq_state(self, seq: int) -> np.ndarray: ...
 
@@ -169,6 +170,7 @@ class EngineCore:
         self._rows = np.zeros((cap, 1 + k), dtype=np.int64)
         self._empty = np.zeros((0, k), dtype=np.int64)
         self._arange = np.arange(rows_max, dtype=np.int32)
+        self._slot_ids = np.arange(cap, dtype=np.int64)
         self.waiting: deque[PreparedRequest] = deque()
         self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="streamtts-engine", daemon=True)
@@ -364,28 +366,45 @@ class EngineCore:
         return result
 
     def _decode_run(self, run: np.ndarray) -> bool:
-        """One backbone call with one row per running stream; outputs land in rows [0, B)."""
+        """One backbone call with one row per running stream (``run``, ascending); outputs
+        land in rows [0, B).
+
+        llama.cpp splits a call over its per-sequence KV streams into one graph per run of
+        consecutive sequence ids, and each graph reads all the weights again (on the
+        ``deep`` model four rows in slots 0, 2, 4, 6 cost 52 ms, in slots 0-3 24 ms). So a
+        call whose slots have gaps decodes a stand-in row in each slot between (see
+        ``_stand_ins``): output nowhere, its KV cell removed after the call."""
         prof = self.profile
         b = run.size
         t0 = time.perf_counter()
-        if self._bound_embed is not None:  # the compiled twin: the slots' next rows, embedded
-            self._slot_buf[:b] = run
-            self._bound_embed(b)
-        elif self.embedder is not None:
-            rows = self._rows[:b]
-            np.take(self.next_rows, run, axis=0, out=rows, mode="clip")  # "clip": no buffered copy
-            self.embedder(rows, out=self.embd[:b])
         kv_pos = self.slots.kv_pos
-        self.pos[:b] = kv_pos[run]
-        self.seq[:b] = run
-        self.outf[:b] = 1
+        stand_ins = self._stand_ins(run)
+        batch = run if stand_ins is None else self._slot_ids[run[0] : run[-1] + 1]
+        n = batch.size
+        if self._bound_embed is not None:  # the compiled twin: the slots' next rows, embedded
+            self._slot_buf[:n] = batch
+            self._bound_embed(n)
+        elif self.embedder is not None:
+            rows = self._rows[:n]
+            np.take(self.next_rows, batch, axis=0, out=rows, mode="clip")  # "clip": no buffered copy
+            self.embedder(rows, out=self.embd[:n])
+        self.pos[:n] = kv_pos[batch]
+        self.seq[:n] = batch
+        if stand_ins is None:
+            self.outf[:n] = 1
+        else:  # a stand-in's row: the slot's last ids at its next position, no output
+            self.outf[:n] = 0
+            self.outf[run - run[0]] = 1
         t1 = time.perf_counter()
         try:
-            self.backbone.decode_bound(b, not self.fused, 0)
+            self.backbone.decode_bound(n, not self.fused, 0)
         except Exception as exc:
             log.exception("backbone step failed for %d streams", b)
             self._fail_slots(run, "backbone step failed", exc)
             return False
+        finally:
+            if stand_ins is not None:
+                self._remove_stand_ins(stand_ins)
         kv_pos[run] += 1
         prof.embed += t1 - t0
         dt = time.perf_counter() - t1
@@ -393,6 +412,36 @@ class EngineCore:
         if b == 1 and dt < prof.backbone_min_1row:
             prof.backbone_min_1row = dt
         return True
+
+    def _stand_ins(self, run: np.ndarray) -> np.ndarray | None:
+        """The slots between the first and last of ``run`` that are not in it, when a
+        stand-in row in each makes the call one graph; None when there are none, or when
+        the call would grow past ``max_batch_rows`` or attend over more cells: llama.cpp
+        attends over the most cells any sequence of the graph holds (rounded up to 256),
+        so a stand-in in a slot holding a longer context than any of ``run`` is left out."""
+        b = run.size
+        if b < 2 or run[-1] - run[0] + 1 == b:
+            return None
+        n = int(run[-1] - run[0]) + 1
+        limit = self.cfg.max_batch_rows
+        if 0 < limit < n:
+            return None
+        between = self._slot_ids[run[0] : run[-1] + 1]
+        gaps = between[np.isin(between, run, assume_unique=True, invert=True)]
+        kv_pos = self.slots.kv_pos
+        if int(kv_pos[gaps].max()) // KV_PAD > int(kv_pos[run].max()) // KV_PAD:
+            return None
+        return gaps
+
+    def _remove_stand_ins(self, stand_ins: np.ndarray) -> None:
+        """Take the stand-in rows' cells out of the KV cache (each slot's cells from its next
+        position on: its own stream's, if any, stay)."""
+        kv_pos = self.slots.kv_pos
+        for slot in stand_ins.tolist():
+            try:
+                self.backbone.seq_rm(slot, int(kv_pos[slot]))
+            except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
+                log.exception("could not remove the stand-in row of slot %d", slot)
 
     def _prefill_piece(self, slot: int, n: int, out_row: int) -> bool:
         """Rows [fed, fed + n) of one prompt in one call; the last row is output to

@@ -124,6 +124,13 @@ class Scheduler:
         limit = self.cfg.max_batch_rows
         if 0 < limit < run.size:  # the ones closest to running dry
             run = np.sort(run[np.argpartition(slack, limit - 1)[:limit]])
+        if run.size >= 2 and run[-1] - run[0] + 1 > run.size:
+            # a slot between skipped costs as much as the stand-in row the engine decodes
+            # there (EngineCore._decode_run): the runnable streams in between step too
+            full = self._run_cache
+            between = full[(full >= run[0]) & (full <= run[-1])]
+            if between.size > run.size and not 0 < limit < between.size:
+                run = between
         return run
 
     def _plan_prefill(self, plan: Plan) -> None:

@@ -200,8 +200,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_n_logit_columns", c_int32, [c_void_p])
     # int32_t stt_copy_logits_row(stt_ctx *c, int32_t i, float *dst);
     fn("stt_copy_logits_row", c_int32, [c_void_p, c_int32, c_void_p])
-    # int32_t stt_seq_rm(stt_ctx *c, int32_t seq);
-    fn("stt_seq_rm", c_int32, [c_void_p, c_int32])
+    # int32_t stt_seq_rm(stt_ctx *c, int32_t seq, int32_t p0);
+    fn("stt_seq_rm", c_int32, [c_void_p, c_int32, c_int32])
     # int32_t stt_seq_pos_max(stt_ctx *c, int32_t seq, int32_t *pos_out);
     fn("stt_seq_pos_max", c_int32, [c_void_p, c_int32, P(c_int32)])
     # int32_t stt_seq_state_size(stt_ctx *c, int32_t seq, uint64_t *size_out);

@@ -65,6 +65,10 @@ FLASH_ATTN: dict[str, int] = {
 
 F32 = npt.NDArray[np.float32]
 
+# llama.cpp attends over a sequence's used KV cells rounded up to a multiple of this
+# (llama-kv-cache.cpp, n_pad_cur): a step's cost steps up at each multiple
+KV_PAD = 256
+
 
 class BackboneParams(msgspec.Struct, frozen=True, kw_only=True):
     model_path: str
@@ -418,9 +422,10 @@ class Backbone:
 
     # -- KV cache ------------------------------------------------------------------------------
 
-    def seq_rm(self, seq: int) -> None:
-        """Remove every cell of sequence seq from the KV cache (frees them)."""
-        rc = self._lib.stt_seq_rm(self._check_open("seq_rm"), int(seq))
+    def seq_rm(self, seq: int, start: int = 0) -> None:
+        """Remove the cells of sequence seq at positions >= start from the KV cache (frees
+        them); every cell by default."""
+        rc = self._lib.stt_seq_rm(self._check_open("seq_rm"), int(seq), int(start))
         if rc < 0:
             self._raise("seq_rm", rc)
 
