@@ -50,6 +50,7 @@ TEXTS = [
 ]
 # Long enough (6 segments) to be still streaming when a replica is stopped; read at real-time pace.
 LONG = " ".join(f"This is sentence number {i}, spoken as its own segment." for i in range(6))
+LONGER = " ".join(f"This is sentence number {i}, spoken as its own segment." for i in range(24))
 
 
 # -- the cluster --------------------------------------------------------------------------------
@@ -407,10 +408,17 @@ def test_sigterm_drains_a_replica_then_it_exits_0(fresh_cluster: Any) -> None:
 
     async def scenario() -> tuple[list[Result], Result, list[Result], float, dict[str, Any], float]:
         results = [Result() for _ in range(5)]
-        # four through the balancer, and one straight to replica 1, so that it is streaming
-        # when it gets SIGTERM (with the four alone it sometimes had drained within 0.2 s)
+        # four through the balancer, and one straight to replica 1 with a text four times as
+        # long, so that replica 1 is surely still generating when it gets SIGTERM: the demo
+        # model makes LONG's few seconds of audio in well under one, the sessions' audio was
+        # then all written out (the transport buffers it), they had sometimes all ended within
+        # 0.2 s of SIGTERM, the replica drained and exited, and /readyz found no listener
         urls = [c.ws] * 4 + [c.replica_ws(0)]
-        tasks = [asyncio.create_task(talk(u, say(LONG, seed=2), pace=0.8, r=r)) for u, r in zip(urls, results, strict=True)]
+        texts = [LONG] * 4 + [LONGER]
+        tasks = [
+            asyncio.create_task(talk(u, say(t, seed=2), pace=0.8, r=r))
+            for u, t, r in zip(urls, texts, results, strict=True)
+        ]
         await asyncio.wait_for(asyncio.gather(*(r.first_audio.wait() for r in results)), 60)
         # and one idle session on replica 1 (connected, nothing asked yet)
         idle = Result()
@@ -439,8 +447,9 @@ def test_sigterm_drains_a_replica_then_it_exits_0(fresh_cluster: Any) -> None:
     running, idle, new, on_r1, ready, exit_after = asyncio.run(scenario())
     assert on_r1 >= 2  # 1 idle + at least one of the streaming sessions was on replica 1
     assert ready["status_code"] == 503 and ready["draining"] is True and ready["draining_metric"] == 1
-    for r in running:  # every running session finished completely (those on replica 1 too)
+    for r in running[:4]:  # every running session finished completely (those on replica 1 too)
         assert finished(r) and r.audio == want.audio, (r.errors, r.close_code)
+    assert finished(running[4]) and len(running[4].audio) > 3 * len(want.audio), (running[4].errors, running[4].close_code)
     assert [e["code"] for e in idle.errors] == ["server_draining"] and idle.close_code == 1001
     assert all(finished(r) for r in new), [r.errors for r in new]
     assert exit_after <= drain_s + 2.0

@@ -47,8 +47,12 @@ POLL_S = 0.1  # how often quiet sessions are looked for
 # buffered for the client (the transport's 64 KB and the kernel's socket buffers); a client
 # that reads that slowly may see the connection end without them.
 CLOSE_GRACE_S = 0.75
-# uvicorn's own graceful-shutdown wait once the drain has run: none. Every session has ended
-# or been cut and given CLOSE_GRACE_S; what is left is cancelled at once.
+# uvicorn's own graceful-shutdown wait once the drain has run. When every session ended by
+# itself, its last audio may still sit in the transport's and the kernel's buffers (about 1.5 s
+# of PCM) for a client reading at real-time pace: wait for the connections to close, up to
+# FLUSH_GRACE_S (at once when they do). When streams were cut they have had CLOSE_GRACE_S:
+# what is left is cancelled at once.
+FLUSH_GRACE_S = 5
 EXIT_GRACE_S = 0
 RETRY_AFTER_S = 1  # Retry-After of a refusal: a retry through the balancer lands elsewhere
 
@@ -215,5 +219,5 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def _drained(self) -> None:
-        self.config.timeout_graceful_shutdown = EXIT_GRACE_S
+        self.config.timeout_graceful_shutdown = EXIT_GRACE_S if self.drain.cut else FLUSH_GRACE_S
         self.should_exit = True
