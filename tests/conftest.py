@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamtts.config import SamplingParams
 from streamtts.core.tokens import TokenIds
 from streamtts.demo.gguf_writer import random_qwen3_tensors, write_qwen3_gguf
 from streamtts.errors import NativeLibraryError
@@ -369,3 +370,16 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 # ============================== end of deploy section ================================
+
+
+def random_sampling_params(rng: np.random.Generator, audio_top_k: tuple[int, ...] = (0, 1, 5, 25)) -> SamplingParams:
+    """Sampling settings drawn over every path of the samplers (the state-machine tests)."""
+    return SamplingParams(
+        text_temperature=float(rng.choice([0.0, 0.7, 1.5])),
+        text_top_k=int(rng.choice([0, 1, 2, 50])),
+        text_top_p=float(rng.choice([0.3, 0.9, 1.0])),
+        audio_temperature=float(rng.choice([0.0, 1.0, 1.7])),
+        audio_top_k=int(rng.choice(audio_top_k)),
+        audio_top_p=float(rng.choice([0.2, 0.8, 1.0])),
+        audio_repetition_penalty=float(rng.choice([1.0, 1.0, 1.3, 0.8])),
+    )

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import SMALL_IDS, SWAPPED_IDS
+from conftest import SMALL_IDS, SWAPPED_IDS, random_sampling_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,18 +63,6 @@ def native(bridge_lib: Any) -> NativeSampler:
     return NativeSampler(bridge_lib)
 
 
-def _params(rng: np.random.Generator) -> SamplingParams:
-    return SamplingParams(
-        text_temperature=float(rng.choice([0.0, 0.7, 1.5])),
-        text_top_k=int(rng.choice([0, 1, 2, 50])),
-        text_top_p=float(rng.choice([0.3, 0.9, 1.0])),
-        audio_temperature=float(rng.choice([0.0, 1.0, 1.7])),
-        audio_top_k=int(rng.choice([0, 1, 5, 25, 300])),  # 0 and 300: the sorted path (scratch)
-        audio_top_p=float(rng.choice([0.2, 0.8, 1.0])),
-        audio_repetition_penalty=float(rng.choice([1.0, 1.0, 1.3, 0.8])),
-    )
-
-
 def _prompt(rng: np.random.Generator, ids: TokenIds) -> np.ndarray:
     s = int(rng.integers(2, 9))
     p = np.full((s, 1 + ids.n_vq), ids.audio_pad_code, np.int64)
@@ -118,7 +106,7 @@ def _run(
     count = Counting(cc)  # counts the general step's calls (the bound one's: below)
     live = [int(s) for s in rng.permutation(capacity)[: int(rng.integers(1, capacity + 1))]]
     for s in live:
-        prompt, params, seed_s = _prompt(rng, ids), _params(rng), int(rng.integers(0, 2**63))
+        prompt, params, seed_s = _prompt(rng, ids), random_sampling_params(rng, (0, 1, 5, 25, 300)), int(rng.integers(0, 2**63))  # 0, 300: sorted path
         py.reset(s, prompt, params, seed_s)
         cc.reset(s, prompt, params, seed_s)
     for _ in range(steps):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import SMALL_IDS, SWAPPED_IDS
+from conftest import SMALL_IDS, SWAPPED_IDS, random_sampling_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -238,18 +238,6 @@ def test_time_step_0_bans_delay_slot_when_sampling() -> None:
 # -- vectorised == reference ------------------------------------------------------------
 
 
-def _random_params(rng: np.random.Generator) -> SamplingParams:
-    return SamplingParams(
-        text_temperature=float(rng.choice([0.0, 0.7, 1.5])),
-        text_top_k=int(rng.choice([0, 1, 2, 50])),
-        text_top_p=float(rng.choice([0.3, 0.9, 1.0])),
-        audio_temperature=float(rng.choice([0.0, 1.0, 1.7])),
-        audio_top_k=int(rng.choice([0, 1, 5, 25])),
-        audio_top_p=float(rng.choice([0.2, 0.8, 1.0])),
-        audio_repetition_penalty=float(rng.choice([1.0, 1.0, 1.3, 0.8])),
-    )
-
-
 def _random_prompt(rng: np.random.Generator, ids: TokenIds, v: int) -> np.ndarray:
     s = int(rng.integers(2, 9))
     p = np.full((s, 1 + ids.n_vq), ids.audio_pad_code, np.int64)
@@ -295,7 +283,7 @@ def _compare_run(
     refs: dict[int, tuple[ReferenceState, SamplingParams, int]] = {}
     for s in slots:
         prompt = _random_prompt(rng, ids, v)
-        params = _random_params(rng)
+        params = random_sampling_params(rng)
         seed_s = int(rng.integers(0, 2**63))
         st_.reset(s, prompt, params, seed_s)
         refs[s] = (reference_init(prompt, ids), params, seed_s)

@@ -419,14 +419,12 @@ class EngineCore:
         the call would grow past ``max_batch_rows`` or attend over more cells: llama.cpp
         attends over the most cells any sequence of the graph holds (rounded up to 256),
         so a stand-in in a slot holding a longer context than any of ``run`` is left out."""
-        b = run.size
-        if b < 2 or run[-1] - run[0] + 1 == b:
-            return None
-        n = int(run[-1] - run[0]) + 1
-        limit = self.cfg.max_batch_rows
-        if 0 < limit < n:
+        if run.size < 2 or run[-1] - run[0] + 1 == run.size:
             return None
         between = self._slot_ids[run[0] : run[-1] + 1]
+        limit = self.cfg.max_batch_rows
+        if 0 < limit < between.size:
+            return None
         gaps = between[np.isin(between, run, assume_unique=True, invert=True)]
         kv_pos = self.slots.kv_pos
         if int(kv_pos[gaps].max()) // KV_PAD > int(kv_pos[run].max()) // KV_PAD:
@@ -514,8 +512,8 @@ class EngineCore:
         assert result.audio is not None
         t3 = time.perf_counter()
         self._force_fixed(slots, b)
-        bound = self._bound_step
-        if bound is not None:
+        bound, push = self._bound_step, self._bound_push
+        if bound is not None or push is not None:  # the compiled twins read the slots from here
             self._slot_buf[:b] = slots
         if bound is not None and bound(b):
             out = self._out[:b]
@@ -532,10 +530,7 @@ class EngineCore:
             if s is not None:
                 s.req.stats.steps += 1
                 s.req.stats.step_s += tick_s
-        push = self._bound_push
         if push is not None:  # the compiled twin, on this step's slots and rows
-            if bound is None:
-                self._slot_buf[:b] = slots
             push(b)
             frames, ready, index = push.frames[:b], push.ready[:b], push.index[:b]
         else:
