@@ -20,7 +20,7 @@ from streamtts.config import find_model_config, load_config
 from streamtts.core.tokens import load_token_ids
 from streamtts.demo.model import ensure_demo_model
 from streamtts.model.backbone import Backbone, BackboneParams
-from streamtts.model.weights import AudioHeads
+from streamtts.model.tables import AudioHeads
 
 
 def probe(cfg_path: str, batch: int, steps: int, prompt: int, threads: int, flash_attn: str = "auto") -> tuple[np.ndarray, np.ndarray]:

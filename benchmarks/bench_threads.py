@@ -40,9 +40,9 @@ def main() -> None:
     from threadpoolctl import threadpool_limits
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from streamtts.convert.qwen3_gguf import Qwen3Shape
     from streamtts.demo.gguf_writer import random_qwen3_tensors, write_qwen3_gguf
     from streamtts.model.backbone import Backbone, BackboneParams
-    from streamtts.model.qwen3_gguf import Qwen3Shape
 
     model = args.model
     if not model:

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from streamtts.codec.arch import parse_arch
-from streamtts.codec.build import build_decoders
-from streamtts.codec.random_ckpt import scale_config, write_random_checkpoint
+from streamtts.codec.build.arch import parse_arch
+from streamtts.codec.build.decoders import build_decoders
+from streamtts.codec.build.random_ckpt import scale_config, write_random_checkpoint
 from streamtts.codec.streaming import StreamingDecoder
 
 HERE = Path(__file__).resolve().parent

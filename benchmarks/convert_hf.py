@@ -41,7 +41,7 @@ def _status(key: str) -> int:
 
 def child(src: str, out: str, quants: list[str], threads: int) -> None:
     """One conversion in this (fresh) process; prints its numbers as JSON."""
-    from streamtts.model.convert_hf import convert_hf
+    from streamtts.convert.hf import convert_hf
 
     peak_anon = [0]
     stop = threading.Event()

@@ -47,8 +47,8 @@ def _p50(xs: list[float]) -> float:
 
 def prepare(work: Path, shape_name: str, quant: str) -> tuple[Path, Path, float, float]:
     """Model + fused GGUF in ``work`` (reused when already there); (config, fused, s, s)."""
+    from streamtts.convert.fused_writer import convert
     from streamtts.model.fused import fused_path_for
-    from streamtts.model.fused_convert import convert
 
     marker = work / "random-model.json"
     shape = gpu_model.SHAPES[shape_name]
@@ -150,7 +150,7 @@ def engine_single(cfg: Path, frames: int, streams: int, **overrides: Any) -> dic
 
 def bench(cfg: Path, levels: list[int], frames: int, out: Path, joining: bool = False) -> list[dict[str, Any]]:
     cmd = [
-        sys.executable, "-m", "streamtts.cli", "bench", "--config", str(cfg),
+        sys.executable, "-m", "streamtts.cli.main", "bench", "--config", str(cfg),
         "--concurrency", *map(str, levels), "--frames", str(frames), "--json", str(out),
     ]  # fmt: skip
     cmd += ["--arrival", "joining", "--joiners", "5"] if joining else ["--kernel-bound"]

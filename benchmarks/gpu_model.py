@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtts.model.qwen3_gguf import Qwen3Shape, add_qwen3_header
+from streamtts.convert.qwen3_gguf import Qwen3Shape, add_qwen3_header
 
 ARCH = "qwen3"
 V_TEXT = 151936

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from streamtts.bench import codec_bound
+from streamtts.cli.bench import codec_bound
 from streamtts.codec import load_decoder, load_streaming_decoder
 from streamtts.config import EngineConfig, find_model_config, load_config
 from streamtts.core.prompt import HFTokenizer, PromptSpec, build_prompt_ex
@@ -62,7 +62,7 @@ from streamtts.demo.model import ensure_demo_model
 from streamtts.engine.prepare import Preparer
 from streamtts.model.backbone import KV_PAD, Backbone, BackboneParams
 from streamtts.model.fused import fused_columns, read_fused_info
-from streamtts.model.weights import AudioHeads, Embedder
+from streamtts.model.tables import AudioHeads, Embedder
 from streamtts.text.normalize import normalize_text
 
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."

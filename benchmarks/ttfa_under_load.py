@@ -21,7 +21,7 @@ import statistics
 from typing import Any
 
 from streamtts import Engine
-from streamtts.bench import run_level_joining
+from streamtts.cli.bench import run_level_joining
 from streamtts.demo.model import ensure_demo_model
 
 TEXT = "A stream joins the engine and says one sentence."

@@ -13,7 +13,7 @@ Starts a ``streamtts serve`` process, then uploads, one at a time:
 
 For each: the server's RSS before, and its peak during the upload (Linux: the kernel's peak
 VmHWM, reset through /proc/PID/clear_refs before each upload, so it is that upload's peak).
-Reports numbers only; the test (tests/test_server_hardening.py) holds the < 50 MiB bound.
+Reports numbers only; the test (tests/server/test_server_hardening.py) holds the < 50 MiB bound.
 """
 
 from __future__ import annotations

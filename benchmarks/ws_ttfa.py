@@ -44,7 +44,7 @@ def start_server(args: list[str]) -> tuple[subprocess.Popen[bytes], int, Path]:
     cmd = [
         sys.executable,
         "-m",
-        "streamtts.cli",
+        "streamtts.cli.main",
         "serve",
         "--host",
         "127.0.0.1",

@@ -238,7 +238,7 @@ CONF
     for ((i = 1; i <= n; i++)); do
         local pid dev=()
         (( ${#gpus[@]} )) && dev=(env "CUDA_VISIBLE_DEVICES=${gpus[$(( (i - 1) % ${#gpus[@]} ))]}")
-        pid=$(start_bg "replica-$i" "${dev[@]}" "$PY" -m streamtts.cli serve --host 127.0.0.1 \
+        pid=$(start_bg "replica-$i" "${dev[@]}" "$PY" -m streamtts.cli.main serve --host 127.0.0.1 \
             --port 0 --voice-store "$redis_url" "${cfg_args[@]}" "${serve_args[@]}")
         pids+=("$pid"); logs+=("$RUN/replica-$i.log")
         STARTED+=("$pid")
@@ -286,7 +286,7 @@ cmd_down() {
     local role pid todo=()
     while read -r role pid; do
         case "$role" in
-            replica) what="streamtts.cli serve" ;;
+            replica) what="streamtts.cli.main serve" ;;
             redis) what="redis-server" ;;
             haproxy) what="haproxy" ;;
             *) what="$role" ;;

@@ -1,5 +1,5 @@
 /*
- * delay.c - DelayStates.step of streamtts/core/state.py, compiled.
+ * delay.c - DelayStates.step of streamtts/core/delay_state.py, compiled.
  *
  * Why: with one stream on a CPU the step's own work is a few microseconds of arithmetic
  * inside about a hundred NumPy and ctypes calls (the counter RNG twice, two sampler calls,

@@ -1,5 +1,5 @@
 /*
- * embed.c - the step's input rows (Embedder.__call__ of streamtts/model/weights.py), compiled.
+ * embed.c - the step's input rows (Embedder.__call__ of streamtts/model/tables.py), compiled.
  *
  * Why: a step's embedding is one gather and sum per stream (the text row and 32 codebook
  * rows), but in NumPy it is five calls (gather the slots' ids, offset them, gather, gather,

@@ -8,7 +8,7 @@
 #   1. llama.cpp + bridge with CUDA (STREAMTTS_CUDA=1, kernels for this GPU's arch only;
 #      flash attention and CUDA graphs on), cached in ~/.cache/streamtts
 #   2. onnxruntime-gpu into a side folder (not the venv) when it is not there and pip can get it
-#   3. pytest -m gpu (tests/test_gpu.py, the ONNX Runtime CUDA codec tests, the streaming codec on CUDA and TensorRT)
+#   3. pytest -m gpu (tests/model/test_gpu.py, the ONNX Runtime CUDA codec tests, the streaming codec on CUDA and TensorRT)
 #   4. benchmarks/gpu_check.py: random Qwen3-8B-shaped Q4_K_M GGUF + real-sized npy tables,
 #      streamtts convert (fused heads), bare llama.cpp decode loop, engine single-stream TTFA and
 #      per-step ms, streamtts bench over the concurrency levels; one table on stdout
@@ -82,7 +82,7 @@ fi
 # -- 3. GPU tests ---------------------------------------------------------------------------
 phase "pytest -m gpu"
 set +e
-"$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_codec_onnx.py tests/test_codec_streaming.py tests/test_trt_streaming.py -p no:cacheprovider >"$WORK/pytest-gpu.log" 2>&1
+"$PY" -m pytest -q -m gpu tests/model/test_gpu.py tests/codec/test_codec_onnx.py tests/codec/test_codec_streaming.py tests/codec/test_trt_streaming.py -p no:cacheprovider >"$WORK/pytest-gpu.log" 2>&1
 RC=$?
 set -e
 RESULT="$(tail -n 1 "$WORK/pytest-gpu.log")"

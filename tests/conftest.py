@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from streamtts.config import SamplingParams
+from streamtts.convert.qwen3_gguf import Qwen3Shape
 from streamtts.core.tokens import TokenIds
 from streamtts.demo.gguf_writer import random_qwen3_tensors, write_qwen3_gguf
 from streamtts.errors import NativeLibraryError
 from streamtts.model import _llama
 from streamtts.model.backbone import Backbone, BackboneParams
-from streamtts.model.qwen3_gguf import Qwen3Shape
 
 TINY_SHAPE = Qwen3Shape(
     n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_vocab=300
@@ -240,7 +240,7 @@ def start_server(args: list[str], log_path: Path, timeout: float = 180.0) -> Ser
     import sys
     import time
 
-    cmd = [sys.executable, "-m", "streamtts.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+    cmd = [sys.executable, "-m", "streamtts.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", *args]
     log = log_path.open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     log.close()
@@ -299,7 +299,7 @@ def serve(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 # =====================================================================================
-# deploy: a real redis-server on a free loopback port (test_voice_store.py, test_deploy_*.py)
+# deploy: a real redis-server on a free loopback port (server/test_voice_store.py, test_deploy_*.py)
 # =====================================================================================
 
 

@@ -35,7 +35,7 @@ def test_stream_url() -> None:
 
 
 def test_stream_text_and_token_stream_give_the_same_audio(server: Any) -> None:
-    # greedy: two segments may run at once (see GREEDY in test_server.py)
+    # greedy: two segments may run at once (see GREEDY in server/test_server.py)
     client = StreamClient(server.http, seed=8, sampling=SamplingParams.greedy())
 
     async def whole() -> np.ndarray:
@@ -132,7 +132,7 @@ def test_upload_voice(server: Any) -> None:
 
 def test_say_cli_saves_without_a_sound_card(server: Any, tmp_path: Path) -> None:
     out = tmp_path / "said.wav"
-    cmd = [sys.executable, "-m", "streamtts.cli", "say", "--server", server.ws, "--seed", "3", "--save", str(out), TEXT]
+    cmd = [sys.executable, "-m", "streamtts.cli.main", "say", "--server", server.ws, "--seed", "3", "--save", str(out), TEXT]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     x, sr = sf.read(out, dtype="float32")
@@ -141,6 +141,6 @@ def test_say_cli_saves_without_a_sound_card(server: Any, tmp_path: Path) -> None
 
 
 def test_say_cli_reports_an_unreachable_server(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "streamtts.cli", "say", "--server", "ws://127.0.0.1:9", "--save", str(tmp_path / "x.wav"), "hi"]
+    cmd = [sys.executable, "-m", "streamtts.cli.main", "say", "--server", "ws://127.0.0.1:9", "--save", str(tmp_path / "x.wav"), "hi"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cannot reach" in r.stderr and "Traceback" not in r.stderr

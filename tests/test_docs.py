@@ -135,7 +135,7 @@ GLOBAL = {"-h", "--help", "-v", "--verbose", "-q", "--quiet"}
 
 
 def test_usage_blocks_match_the_parser() -> None:
-    from streamtts.cli import build_parser
+    from streamtts.cli.main import build_parser
 
     parser = build_parser()
     usage = [b for b in ALL if b.marker == "usage"]

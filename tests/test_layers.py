@@ -27,15 +27,24 @@ LAYERS: dict[str, int] = {
     "streamtts.model": 4,
     "streamtts.audio": 4,
     "streamtts.codec": 4,
+    # the per-step kernels: NumPy specifications (core) and their compiled twins (the bridge)
+    "streamtts.kernels": 5,
+    # offline tooling: the codec's graph builders, checkpoint/GGUF conversion and downloads
+    "streamtts.codec.build": 5,
+    "streamtts.convert": 6,
     # writes synthetic models through the model and codec writers; the engine loads it by default
-    "streamtts.demo": 5,
-    "streamtts.engine": 6,
-    "streamtts.server": 7,
-    # entry points and the public face (cli, bench, sync, client, ...): may use everything
-    "streamtts": 8,
+    "streamtts.demo": 7,
+    "streamtts.engine": 8,
+    "streamtts.server": 9,
+    # the public face (client, sync, the package itself): may use everything below
+    "streamtts": 10,
+    # the command line: parses, checks, and calls everything below
+    "streamtts.cli": 11,
     # framework plugins (Pipecat, LiveKit): clients of the server built on streamtts.client
     # (its sessions and contexts), so one step above the top-level modules
-    "streamtts.integrations": 9,
+    "streamtts.integrations": 11,
+    # `python -m streamtts`: the command line's entry point
+    "streamtts.__main__": 12,
 }
 CORE_FORBIDDEN = ("threading", "ctypes", "asyncio", "onnx", "onnxruntime", "queue",
                   "concurrent", "multiprocessing", "socket", "tensorrt")
@@ -150,7 +159,20 @@ def test_core_is_pure(name: str) -> None:
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     """The rules above can fail: an upward import in a core module is reported."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from ..engine.core import EngineCore\nimport threading\n")
+    bad.write_text("from ..engine.loop import EngineCore\nimport threading\n")
     deps = _imports("streamtts.core.bad", bad)
-    assert "streamtts.engine.core" in deps
-    assert LAYERS[_owner("streamtts.engine.core")] > LAYERS[_owner("streamtts.core.bad")]
+    assert "streamtts.engine.loop" in deps
+    assert LAYERS[_owner("streamtts.engine.loop")] > LAYERS[_owner("streamtts.core.bad")]
+
+
+def test_few_modules_at_the_top() -> None:
+    """The top of the package is its public face (errors, config, request, client, ...);
+    everything else lives in a folder that says what it holds."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules directly in streamtts/: {top}"
+
+
+@pytest.mark.parametrize("pkg", sorted(p for p in PKG.rglob("__init__.py")))
+def test_every_folder_says_what_it_holds(pkg: Path) -> None:
+    doc = ast.get_docstring(ast.parse(pkg.read_text(encoding="utf-8")))
+    assert doc, f"{pkg.relative_to(PKG.parent)} has no docstring"

@@ -1,4 +1,4 @@
-"""Audio codec backends (MOSS-Audio-Tokenizer): codes <-> 24 kHz waveform.
+"""Runtime: the audio codec backends (MOSS-Audio-Tokenizer), codes <-> 24 kHz waveform.
 
 The engine only sees the two protocols below; ``load_decoder`` /
 ``load_encoder`` pick a backend from ``EngineConfig.audio_backend`` and import
@@ -21,7 +21,7 @@ from ..errors import CodecError, ConfigError, ModelFileError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import EngineConfig
-    from .slots import SlotDecoder
+    from .slot_decoder import SlotDecoder
 
 __all__ = [
     "AudioDecoder",

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import CodecError, ConfigError, ModelFileError
 from .onnx import _import_ort
-from .slots import STATEFUL_INPUTS, SlotDecoder, StageState, check_build_meta, rebuild_hint
+from .slot_decoder import STATEFUL_INPUTS, SlotDecoder, StageState, check_build_meta, rebuild_hint
 from .stamp import BUILDER_VERSION, KEY_STAMP, KEY_WEIGHTS
 
 __all__ = ["StageState", "StreamingDecoder"]

@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from ..constants import FRAME_SAMPLES, N_VQ, SAMPLE_RATE
-from .slots import STATEFUL_INPUTS
+from .slot_decoder import STATEFUL_INPUTS
 
 Kind = Literal["decoder", "encoder"]
 

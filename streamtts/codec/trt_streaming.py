@@ -1,6 +1,6 @@
 """The exact streaming codec on TensorRT: an engine of ``decoder_streaming.onnx``.
 
-``streamtts build-engine --kind streaming`` builds it (:func:`~streamtts.codec.trt_build.
+``streamtts build-engine --kind streaming`` builds it (:func:`~streamtts.codec.build.tensorrt.
 build_streaming_engine`): one optimisation profile per batch bucket, 1..max frames per
 call, and the slot tables fixed at ``--slots`` streams. Beside the engine it writes
 ``<engine>.json``: the ONNX's build metadata (builder version, weights stamp, ring layout)
@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import CodecError, ModelFileError
-from .slots import STATEFUL_INPUTS, SlotDecoder, check_build_meta
+from .slot_decoder import STATEFUL_INPUTS, SlotDecoder, check_build_meta
 from .stamp import BUILDER_VERSION, KEY_STAMP
 from .trt import TrtRuntime
 from .trt_plan import BufferPlan, choose_profile, limits, plan_stateful_buffers
@@ -43,7 +43,7 @@ __all__ = ["SIDECAR_SUFFIX", "StatefulTrtRuntime", "TrtStreamingDecoder", "read_
 log = logging.getLogger(__name__)
 
 SIDECAR_SUFFIX = ".json"  # decoder_streaming.engine -> decoder_streaming.engine.json
-KEY_SLOTS = "streamtts.codec.slots"
+KEY_SLOTS = "streamtts.codec.slot_decoder"
 _EXPECTED = (
     "a TensorRT engine of decoder_streaming.onnx built by `streamtts build-engine --kind "
     f"streaming` (builder version {BUILDER_VERSION}), with its .json beside it"
@@ -78,7 +78,7 @@ def read_sidecar(engine: str | Path) -> dict[str, str]:
 
 
 class TrtStreamingDecoder(SlotDecoder):
-    """:class:`~streamtts.codec.slots.SlotDecoder` on a TensorRT engine (see the module)."""
+    """:class:`~streamtts.codec.slot_decoder.SlotDecoder` on a TensorRT engine (see the module)."""
 
     def __init__(
         self,

@@ -178,7 +178,7 @@ class SamplerWorkspace:
 
 
 class RowSampler(Protocol):
-    """What :class:`~streamtts.core.state.DelayStates` calls to sample: :func:`sample_rows`
+    """What :class:`~streamtts.core.delay_state.DelayStates` calls to sample: :func:`sample_rows`
     or a faster implementation of the same specification (same tokens for the same
     uniforms). One that sets ``accepts_strided`` also takes ``logits`` with more than two
     axes and any row strides (rows numbered over the leading axes, last axis contiguous),

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..model.qwen3_gguf import ARCH, Qwen3Shape, add_qwen3_header
+from ..convert.qwen3_gguf import ARCH, Qwen3Shape, add_qwen3_header
 from ..paths import gguf_writer_at
 
 # GGUF tensor type, general.file_type (llama_ftype) for each supported matrix dtype

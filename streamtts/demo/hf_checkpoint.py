@@ -8,7 +8,7 @@ Hugging Face layout of ``MossTTSDelayModel``::
     DIR/tokenizer.json, tokenizer_config.json
 
 Tensor names are the real ones (``language_model.*``, ``emb_ext.K``, ``lm_heads.K``; see
-``streamtts.model.source``). ``dtype="exact"`` stores matrices as float16 and norms as float32,
+``streamtts.convert.hf_source``). ``dtype="exact"`` stores matrices as float16 and norms as float32,
 the values the demo bundle holds, so converting to F16 gives a bundle that computes exactly
 what the demo bundle computes; ``dtype="bf16"`` stores everything as bfloat16, as the published
 checkpoint does (the values are then rounded).
@@ -34,7 +34,7 @@ CheckpointDtype = Literal["exact", "bf16", "f32"]
 
 def hf_tensors(w: DemoWeights, ids: TokenIds) -> dict[str, np.ndarray]:
     """The demo weights under their MossTTSDelayModel names (float32)."""
-    from ..model.source import hf_layer_name
+    from ..convert.hf_source import hf_layer_name
 
     out: dict[str, np.ndarray] = {"language_model.embed_tokens.weight": w.embed_tokens}
     for gg, t in w.layers.items():

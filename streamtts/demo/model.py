@@ -77,7 +77,7 @@ import numpy as np
 from ..core.tokens import TokenIds
 from ..paths import cache_dir
 from .codec import write_codec
-from .reference_forward import Qwen3Reference
+from .numpy_forward import Qwen3Reference
 from .tokenizer import write_tokenizer
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class DemoWeights:
 
 
 def _qwen3_shape(p: DemoPreset) -> Any:
-    from ..model.qwen3_gguf import Qwen3Shape
+    from ..convert.qwen3_gguf import Qwen3Shape
 
     return Qwen3Shape(
         n_embd=p.n_embd,

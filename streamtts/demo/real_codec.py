@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..codec.build import build_decoders
-from ..codec.random_ckpt import write_random_checkpoint
+from ..codec.build.decoders import build_decoders
+from ..codec.build.random_ckpt import write_random_checkpoint
 from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ, SAMPLE_RATE
 
 __all__ = ["CHECKPOINT_DIR", "demo_codec_config", "write_real_codec"]

@@ -13,8 +13,8 @@ import numpy as np
 from ..config import EngineConfig, find_model_config
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, ModelFileError
-from .core import EngineCore
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
+from .loop import EngineCore
 from .prepare import Preparer
 from .priority import thread_ids
 from .turns import CoreTurns
@@ -121,8 +121,8 @@ def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
     the official algorithm. (Audio rows in llama.cpp on CPU, even f32, change the codes of a
     quantized model: it quantizes the activations for the text rows, and a prompt whose last
     row alone is output takes other kernels in the last layer.)"""
+    from ..convert.fused_writer import ensure_fused
     from ..model.fused import AudioDtype, find_fused_gguf
-    from ..model.fused_convert import ensure_fused
 
     if cfg.heads_backend not in ("auto", "fused"):
         return ""
@@ -203,10 +203,10 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
 
     from ..codec import load_decoder, load_encoder, load_streaming_decoder
     from ..core.prompt import HFTokenizer
+    from ..kernels.sampler import NativeSampler
     from ..model import _llama
     from ..model.backbone import Backbone, BackboneParams
-    from ..model.sampler import NativeSampler
-    from ..model.weights import AudioHeads, Embedder
+    from ..model.tables import AudioHeads, Embedder
 
     if cfg.audio_backend == "torch":
         raise ConfigError("audio_backend 'torch' is not supported (streamtts serves without PyTorch): use onnx or trt")

@@ -2,7 +2,7 @@
 
 Two ways to turn a stream's frames into audio, one per kind of decoder:
 
-* **Streaming** (``decoder_streaming.onnx``, :class:`~streamtts.codec.slots.SlotDecoder`: ONNX Runtime or TensorRT):
+* **Streaming** (``decoder_streaming.onnx``, :class:`~streamtts.codec.slot_decoder.SlotDecoder`: ONNX Runtime or TensorRT):
   each stream owns a decoder slot (its attention state) from its first frames to its end;
   every call decodes only the new frames of every ready stream, and the result equals the
   offline decode of the whole utterance. A slot is acquired at a stream's first chunk and
@@ -29,7 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from ..codec import AudioDecoder
-from ..codec.slots import SlotDecoder
+from ..codec.slot_decoder import SlotDecoder
 from ..constants import FRAME_SAMPLES
 from ..errors import CodecError
 from ..request import AudioChunk

@@ -25,7 +25,7 @@ from ..constants import FRAME_S
 from ..core.prompt import PromptSpec, TextTokenizer, build_prompt_ex
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
-from ..model.weights import Embedder
+from ..model.tables import Embedder
 from ..request import PreparedRequest, ReferenceLike, StreamOptions, StreamStats, Voice
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text

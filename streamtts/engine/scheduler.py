@@ -32,7 +32,7 @@ import numpy as np
 
 from ..config import EngineConfig
 from .prefix_cache import PrefixCache
-from .slots import SlotTable
+from .slot_table import SlotTable
 
 NO_SLOTS = np.zeros(0, dtype=np.int64)
 

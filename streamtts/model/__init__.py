@@ -1,2 +1,1 @@
-"""The model: the llama.cpp bridge (ctypes), the backbone, the npy tables, the fused-heads GGUF,
-and fetching the weights."""
+"""Runtime: the llama.cpp bridge (ctypes), the backbone, the npy tables, the fused-heads file format."""

@@ -1,10 +1,10 @@
 """The official llama.cpp pipeline's generation algorithm, step by step, on our bridge.
 
-The reference that greedy conformance is checked against (``tests/test_engine.py``,
+The reference that greedy conformance is checked against (``tests/engine/test_engine.py``,
 ``benchmarks/greedy_check.py``): the prompt prefilled in one decode (hidden state of its last
 row), then one row per step; text logits from the plain backbone GGUF's output layer, audio
 logits from the stacked NumPy heads (float32), the contract's scalar state machine
-(:func:`~streamtts.core.state.reference_step`). Nothing here is batched or cached: it is slow
+(:func:`~streamtts.core.delay_state.reference_step`). Nothing here is batched or cached: it is slow
 on purpose, and exactly what the official pipeline computes.
 """
 
@@ -14,12 +14,12 @@ import numpy as np
 
 from ..config import EngineConfig, SamplingParams, find_model_config
 from ..core.delay import de_delay, drop_pad_frames
+from ..core.delay_state import reference_init, reference_step
 from ..core.prompt import HFTokenizer, PromptSpec, build_prompt
-from ..core.state import reference_init, reference_step
 from ..core.tokens import load_token_ids
 from ..text.normalize import normalize_text
 from .backbone import Backbone, BackboneParams
-from .weights import AudioHeads, Embedder
+from .tables import AudioHeads, Embedder
 
 
 def official_greedy_frames(cfg: EngineConfig, text: str, max_new: int, threads: int = 1) -> np.ndarray:

@@ -45,13 +45,13 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ReferenceAudioError, StreamTTSError, VoiceStoreUnavailableError
 from ..request import Voice
+from .app_state import ServerSettings, ServerState
 from .hosts import HostAllowList, HostCheckMiddleware
 from .logs import UvicornRefusalFilter
 from .metrics import CONTENT_TYPE
 from .page import clip_from_body, favicon, info
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
-from .state import ServerSettings, ServerState
 from .voice_names import VoiceNames
 from .voice_store import redact_url
 from .voices import VoiceStore, open_shared_voices

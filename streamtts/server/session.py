@@ -6,7 +6,7 @@ pipeline produced audio, a segment finished, the client went quiet, the
 send buffer stalled) and executes the actions it returns, in order:
 send a text or binary frame, configure the speech pipeline, synthesise a
 segment, end the input, abort generation, close the connection. Tests drive
-it directly (tests/test_server_session.py).
+it directly (tests/server/test_server_session.py).
 
 States::
 

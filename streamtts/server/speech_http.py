@@ -44,6 +44,7 @@ from ..engine.segmented import (
 from ..errors import VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
+from .app_state import ServerState
 from .drain import RETRY_AFTER_S, HttpStream
 from .logs import REFUSALS
 from .openai_formats import (
@@ -54,7 +55,6 @@ from .openai_formats import (
     resolve_format,
 )
 from .protocol import ErrorCode, error_for_exception, request_limits
-from .state import ServerState
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from ..constants import FRAME_RATE
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
 from ..errors import VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
+from .app_state import ServerState
 from .drain import refuse_websocket
 from .hosts import deny_websocket
 from .logs import REFUSALS
@@ -51,7 +52,6 @@ from .session import (
     Session,
     Synthesize,
 )
-from .state import ServerState
 
 log = logging.getLogger(__name__)
 

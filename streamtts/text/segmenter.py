@@ -6,7 +6,7 @@ text is spoken in clause- or sentence-sized pieces, back to back.
 
 Rules (all of them look only at the text up to one character past a boundary,
 so feeding the text in any pieces, one token at a time or whole, yields the
-same segments; ``tests/test_segmenter.py`` checks this property):
+same segments; ``tests/text/test_segmenter.py`` checks this property):
 
 * A *sentence end* is a run of ``. ! ? …`` (or ``。！？``), a *clause end* a
   run of ``, ; :`` (or ``，、；：``), optionally followed by closing quotes or

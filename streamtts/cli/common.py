@@ -1,0 +1,178 @@
+"""What every CLI module shares: the checks run before anything expensive, the demo notice,
+the no-sound-card fallback. (Its own module so that the command modules need not import
+``cli.py``, which imports them.)
+
+A check raises :class:`~streamtts.errors.UsageError` naming the argument and the next step;
+``cli.main`` prints it as one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..constants import SAMPLE_RATE
+from ..errors import PlaybackError, UsageError
+
+DEMO_NOTICE = (
+    "streamtts: no --config: using the synthetic demo model (random weights: it speaks in "
+    "tones, not words; real speech: `streamtts download`)"
+)
+
+
+def check_text(text: str, flag: str) -> None:
+    from ..text.segmenter import speakable
+
+    if not text.strip():
+        raise UsageError(f"{flag} is empty: give the text to speak")
+    if not speakable(text):
+        raise UsageError(f"{flag} {text.strip()[:40]!r} has nothing to say (no letters or digits)")
+
+
+def check_input_file(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UsageError(f"{flag} {path}: no such file")
+    if not p.is_file():
+        raise UsageError(f"{flag} {path}: not a file")
+
+
+def check_output_file(path: str | None, flag: str, audio: bool = True) -> None:
+    """The folder exists and is writable; for audio, the extension is one libsndfile writes."""
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(
+            f"{flag} {path}: folder {folder} does not exist (create it: mkdir -p {folder})"
+        )
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file name")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+    if audio:
+        from ..audio.formats import file_extensions
+
+        exts = file_extensions()
+        if p.suffix.lower() not in exts:
+            shown = p.suffix or "(none)"
+            raise UsageError(
+                f"{flag} {path}: unknown audio file extension {shown}; use one of {', '.join(exts[:4])}"
+            )
+
+
+def check_reference(path: str | None, flag: str = "--reference") -> None:
+    """The clip exists and is what the encoder accepts (read and checked: milliseconds)."""
+    if path is None:
+        return
+    check_input_file(path, flag)
+    from ..audio.reference import load_reference
+    from ..errors import ReferenceAudioError
+
+    try:
+        load_reference(path)
+    except ReferenceAudioError as exc:
+        raise UsageError(f"{flag}: {exc}") from exc
+
+
+def check_config(args: argparse.Namespace) -> None:
+    """The config loads (a YAML error or an unusable value says so now), and the model files
+    it names exist (a config copied without its weights is the common case)."""
+    path = getattr(args, "config", None)
+    if not path:
+        return
+    check_input_file(path, "--config")
+    from ..config import PATH_KEYS, load_config
+
+    cfg = load_config(path)
+    for key in PATH_KEYS:
+        value = getattr(cfg, key)
+        if value and not Path(value).exists():
+            raise UsageError(
+                f"--config {path}: {key} {value} does not exist (get the official weights with "
+                "`streamtts download`, which writes weights/streamtts.yaml; without --config "
+                "every command uses the demo model)"
+            )
+
+
+def check_output_device(device: str | None, save: str | None) -> None:
+    """Without ``--save`` playback needs a device: say so before loading anything."""
+    from ..audio.devices import NULL_DEVICE, resolve_output_device
+
+    if save is not None or device == NULL_DEVICE:
+        return
+    resolve_output_device(device)
+
+
+def demo_notice(args: argparse.Namespace) -> None:
+    if not getattr(args, "config", None) and not getattr(args, "quiet", False):
+        print(DEMO_NOTICE, file=sys.stderr)
+
+
+def env_device() -> str | None:
+    import os
+
+    return os.environ.get("STREAMTTS_OUTPUT_DEVICE") or None
+
+
+async def save_instead(chunks: Any, path: str, exc: PlaybackError, quiet: bool) -> None:
+    """No sound card (the player failed before reading ``chunks``): write them all to ``path``."""
+    import numpy as np
+    import soundfile as sf
+
+    from ..audio.formats import file_subtype
+
+    if not quiet:
+        print(f"streamtts: {exc.reason}: writing {path} only", file=sys.stderr)
+    pcm = [c async for c in chunks]
+    sf.write(
+        path,
+        np.concatenate(pcm) if pcm else np.zeros(0, np.float32),
+        SAMPLE_RATE,
+        subtype=file_subtype(path),
+    )
+
+
+def load_config_or_demo(path: str | None, demo: bool = True) -> Any:
+    """The config; without one, the demo model's (as every other command), unless ``demo``
+    is False (the command was given explicit files instead)."""
+    from ..config import load_config
+
+    if path:
+        return load_config(path)
+    if not demo:
+        return None
+    from ..demo.model import ensure_demo_model
+
+    print("streamtts: no --config: using the synthetic demo model's files", file=sys.stderr)
+    return load_config(ensure_demo_model())
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config (official MOSS-TTS llama.cpp keys work); default: the demo model")
+    p.add_argument("--max-streams", type=positive_int, help="streams generated at once; default: the config's (4)")
+    p.add_argument(
+        "--n-threads", type=non_negative_int,
+        help="llama.cpp CPU threads; default: the config's, whose 0 = the physical cores not kept busy by "
+        "other processes at start-up (1 on a 2-core machine with a busy neighbour)",
+    )  # fmt: skip
+
+
+def positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v

@@ -1,0 +1,110 @@
+"""``streamtts say --server http://HOST:PORT TEXT``: speak through a remote server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..errors import PlaybackError, UsageError
+from .serve import TOKEN_ENV
+
+SERVER_ENV = "STREAMTTS_SERVER"
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def default_server() -> str:
+    """``$STREAMTTS_SERVER``, else the port ``streamtts serve`` listens on by default."""
+    return os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+
+
+def add_parser(sub: Any) -> None:
+    from .common import env_device
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "say", help="speak text through a remote `streamtts serve`"
+    )
+    p.add_argument(
+        "text", help="text to speak, or - to stream stdin line by line (e.g. piped from an LLM)"
+    )
+    p.add_argument(
+        "--server", default=default_server(),
+        help=f"the server's base URL (http:// or ws://; ${SERVER_ENV} sets the default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (or ${TOKEN_ENV})"
+    )
+    p.add_argument("--voice", help="voice id from an earlier upload (POST /v1/voices)")
+    p.add_argument("--reference", help="reference clip to upload and speak with")
+    p.add_argument("--language", help="language tag for the prompt, e.g. en, zh")
+    p.add_argument("--instruction", help="style instruction for the prompt")
+    p.add_argument("--seed", type=int, help="sampling seed (segment i uses seed + i)")
+    p.add_argument(
+        "--output-device", default=env_device(),
+        help="output device index or name substring, or null (paced, discarded); "
+        "default: $STREAMTTS_OUTPUT_DEVICE, else the system's",
+    )  # fmt: skip
+    p.add_argument(
+        "--save",
+        help="also write what was played to this file; without a sound card, only write it",
+    )
+    p.set_defaults(handler=say, check=_check_say)
+
+
+def _check_say(args: argparse.Namespace) -> None:
+    from .common import check_input_file, check_output_device, check_output_file, check_text
+
+    if args.text != "-":
+        check_text(args.text, "TEXT")
+    check_input_file(args.reference, "--reference")
+    check_output_file(args.save, "--save")
+    check_output_device(args.output_device, args.save)
+
+
+async def _stdin_lines() -> AsyncIterator[str]:
+    import asyncio
+
+    while True:
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if not line:
+            return
+        yield line
+
+
+async def say(args: argparse.Namespace) -> int:
+    from ..audio import playback as player
+    from ..client import StreamClient
+    from .common import save_instead
+
+    client = StreamClient(
+        args.server,
+        token=args.token,
+        voice=args.voice,
+        language=args.language,
+        instruction=args.instruction,
+        seed=args.seed,
+        format="pcm_f32le_24000",  # what the player takes, bit-exact
+    )
+    try:
+        if args.reference:
+            client.settings["voice"] = await client.upload_voice(args.reference)
+        text: Any = _stdin_lines() if args.text == "-" else args.text
+        chunks = client.stream(text)
+        try:
+            report = await player.play(chunks, device=args.output_device, save=args.save)
+        except PlaybackError as exc:
+            if not args.save:
+                raise
+            # No sound card: the player failed before reading the stream, so save it all.
+            await save_instead(chunks, args.save, exc, args.quiet)
+            return 0
+    except OSError as exc:
+        raise UsageError(
+            f"cannot reach {client.url}: {exc.strerror or exc} (is `streamtts serve` running "
+            f"there? start it with `streamtts serve`, or point --server at it)"
+        ) from exc
+    if not args.quiet:
+        print(report.summary(), file=sys.stderr)
+    return 0

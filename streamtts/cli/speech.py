@@ -1,0 +1,248 @@
+"""``streamtts synth | speak``: text to a file, or to the speakers as it is generated."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import msgspec
+
+from ..config import SamplingParams
+from ..constants import SAMPLE_RATE
+from ..errors import PlaybackError, UsageError
+from .common import (
+    add_model_args,
+    check_config,
+    check_output_device,
+    check_output_file,
+    check_reference,
+    check_text,
+    demo_notice,
+    env_device,
+    positive_int,
+    save_instead,
+)
+
+log = logging.getLogger("streamtts")
+
+SAMPLING_FLAGS = (
+    ("--text-temperature", float, "text_temperature", "text-channel temperature (0 = greedy); default: the config's"),
+    ("--text-top-k", int, "text_top_k", "text-channel top-k; default: the config's"),
+    ("--text-top-p", float, "text_top_p", "text-channel top-p; default: the config's"),
+    ("--audio-temperature", float, "audio_temperature", "audio-codebook temperature (0 = greedy); default: the config's"),
+    ("--audio-top-k", int, "audio_top_k", "audio-codebook top-k; default: the config's"),
+    ("--audio-top-p", float, "audio_top_p", "audio-codebook top-p; default: the config's"),
+    ("--audio-repetition-penalty", float, "audio_repetition_penalty", "per-codebook repetition penalty (1 = off); default: the config's"),
+)  # fmt: skip
+
+
+
+def _add_request_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reference", help="reference voice clip (wav/flac/ogg, 0.5-30 s) to clone")
+    p.add_argument("--language", help="language tag for the prompt, e.g. en, zh")
+    p.add_argument("--instruction", help="style instruction for the prompt")
+    p.add_argument("--tokens", type=positive_int, help="desired duration in audio frames (12.5 per second)")
+    p.add_argument("--seed", type=int, help="sampling seed (reproducible per request); default: random")
+    p.add_argument("--max-new-tokens", type=positive_int, help="generation steps at most; default: the config's")
+    for flag, typ, _, text in SAMPLING_FLAGS:
+        p.add_argument(flag, type=typ, help=text)
+    p.add_argument("--greedy", action="store_true", help="both temperatures 0")
+    p.add_argument("--no-normalize", action="store_true", help="skip text normalisation")
+    p.add_argument("--profile", action="store_true", help="print per-stage timings and stream numbers")
+
+
+
+
+# -- shared by synth and speak ----------------------------------------------------------------
+def _engine(args: argparse.Namespace) -> Any:
+    from ..engine.frontend import Engine
+
+    demo_notice(args)
+    return Engine.from_config(args.config, max_streams=args.max_streams, n_threads=args.n_threads)
+
+
+def _options(args: argparse.Namespace, engine: Any) -> Any:
+    from ..request import StreamOptions
+
+    base = engine.config.sampling
+    changes = {name: getattr(args, name) for _, _, name, _ in SAMPLING_FLAGS if getattr(args, name) is not None}
+    if args.greedy:
+        changes.update(text_temperature=0.0, audio_temperature=0.0)
+    sampling: SamplingParams = msgspec.structs.replace(base, **changes).validate()
+    return StreamOptions(
+        language=args.language,
+        instruction=args.instruction,
+        tokens=args.tokens,
+        seed=args.seed,
+        sampling=sampling,
+        max_new_tokens=args.max_new_tokens,
+        normalize=False if args.no_normalize else None,
+    )
+
+
+def _check_request(args: argparse.Namespace) -> None:
+    check_config(args)
+    check_reference(args.reference)
+    if args.tokens is not None and args.max_new_tokens is not None and args.tokens > args.max_new_tokens:
+        raise UsageError(f"--tokens {args.tokens} is more than --max-new-tokens {args.max_new_tokens}")
+
+
+# Steps slower than this many times the fastest one: something else is using the CPU.
+SLOW_STEP_RATIO = 3.0
+
+
+def _print_profile(engine: Any, stats: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    d = stats.as_dict()
+    prof = engine.step_profile()
+    t = Table(title="streamtts profile", show_header=True)
+    t.add_column("stage")
+    t.add_column("ms", justify="right")
+    t.add_row("prompt (normalise, tokenise, reference, embed)", f"{d['prepare_ms']:.1f}")
+    t.add_row("prefill", f"{d['prefill_ms'] or 0:.1f}")
+    t.add_row(f"steps ({d['steps']})", f"{d['ms_per_step'] * d['steps']:.1f}")
+    for k, v in prof.items():
+        t.add_row(f"  per step: {k}", f"{v:.3f}")
+    t.add_row(f"codec decode ({d['decode_windows']} windows)", f"{d['decode_ms']:.1f}")
+    t.add_row("time to first audio", f"{d['ttfa_ms']:.1f}")
+    t.add_row("ms per step", f"{d['ms_per_step']:.2f}")
+    t.add_row("audio seconds", f"{d['audio_s']:.2f}")
+    t.add_row("real-time factor", f"{d['rtf']:.3f}")
+    console = Console(stderr=True)
+    console.print(t)
+    fastest = engine.fastest_backbone_ms()
+    mean = prof.get("backbone", 0.0)
+    if fastest and mean > SLOW_STEP_RATIO * fastest:
+        console.print(
+            f"[yellow]warning:[/] llama.cpp steps took {mean:.1f} ms on average, {mean / fastest:.1f}x "
+            f"the fastest ({fastest:.1f} ms): another process is probably using the CPU. "
+            f"Try fewer threads (--n-threads 1); the engine uses {engine.info.get('threads')}."
+        )
+
+
+# -- synth ---------------------------------------------------------------------------------------
+def _check_synth(args: argparse.Namespace) -> None:
+    check_text(args.text, "--text")
+    check_output_file(args.out, "--out")
+    check_output_file(args.codes_out, "--codes-out", audio=False)
+    _check_request(args)
+
+
+async def _synth(args: argparse.Namespace) -> int:
+    import numpy as np
+    import soundfile as sf
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..audio.formats import file_subtype
+    from ..audio.reference import loudness_normalize
+
+    engine = _engine(args)
+    async with engine:
+        opts = _options(args, engine)
+        ref = await engine.encode_voice(args.reference) if args.reference else None
+        s = engine.stream(args.text, reference=ref, options=opts)
+        pcm: list[np.ndarray] = []
+        codes: list[np.ndarray] = []
+        progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+            transient=True, console=Console(stderr=True), disable=args.quiet,
+        )  # fmt: skip
+        with progress as prog:
+            task = prog.add_task("generating", total=None)
+            async with s:
+                async for chunk in s:
+                    pcm.append(chunk.pcm)
+                    codes.append(chunk.codes)
+                    prog.update(task, description=f"generating: {sum(len(c) for c in codes)} frames")
+        wav = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+        frames = np.concatenate(codes) if codes else np.zeros((0, engine.ids.n_vq), np.int64)
+        if wav.size == 0:
+            raise UsageError("the model produced no audio frames (try another --seed or a longer --text)")
+        out = wav if args.no_loudness else loudness_normalize(wav)
+        sf.write(args.out, out, SAMPLE_RATE, subtype=file_subtype(args.out))
+        if args.codes_out:
+            np.save(args.codes_out, frames.astype(np.int64))
+        st = s.stats
+        print(
+            f"wrote {args.out}: {frames.shape[0]} frames, {wav.size / SAMPLE_RATE:.2f} s "
+            f"(TTFA {1000 * st.ttfa_s:.0f} ms, RTF {st.rtf:.3f}, {st.finish_reason})"
+        )
+        if args.profile:
+            _print_profile(engine, st)
+    return 0
+
+
+# -- speak ---------------------------------------------------------------------------------------
+def _check_speak(args: argparse.Namespace) -> None:
+    if args.list_devices:
+        return
+    if args.text != "-":
+        check_text(args.text, "TEXT")
+    check_output_file(args.save, "--save")
+    _check_request(args)
+    check_output_device(args.output_device, args.save)
+
+
+async def _speak(args: argparse.Namespace) -> int:
+    from ..audio import playback as player
+    from ..audio.devices import list_devices
+
+    if args.list_devices:
+        print(list_devices())
+        return 0
+    text = sys.stdin.read() if args.text == "-" else args.text
+    if args.text == "-":
+        check_text(text, "stdin")
+    engine = _engine(args)
+    async with engine:
+        opts = _options(args, engine)
+        ref = await engine.encode_voice(args.reference) if args.reference else None
+        s = engine.stream(text, reference=ref, options=opts)
+
+        async def pcm_chunks() -> Any:
+            async with s:
+                async for chunk in s:
+                    yield chunk.pcm
+
+        try:
+            report = await player.play(pcm_chunks(), device=args.output_device, save=args.save)
+        except PlaybackError as exc:
+            if not args.save:
+                raise
+            # No sound card: still produce the requested file from the same stream.
+            await save_instead(pcm_chunks(), args.save, exc, args.quiet)
+            return 0
+        if not args.quiet:
+            print(report.summary(), file=sys.stderr)
+        if args.profile:
+            _print_profile(engine, s.stats)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    s = sub.add_parser("synth", help="synthesise text to a file")
+    add_model_args(s)
+    s.add_argument("--text", required=True, help="the text to speak")
+    s.add_argument("--out", default="out.wav", help="audio file to write (.wav, .flac, .ogg, ...)")
+    s.add_argument("--codes-out", help="also write the de-delayed (T, 32) int64 codes as .npy")
+    s.add_argument("--no-loudness", action="store_true", help="skip the whole-file loudness normalisation")
+    _add_request_args(s)
+    s.set_defaults(handler=_synth, check=_check_synth)
+
+    sp = sub.add_parser("speak", help="speak text through the speakers as it is generated")
+    add_model_args(sp)
+    sp.add_argument("text", nargs="?", default="Hello! This is streamtts, speaking while it thinks.", help="text, or - for stdin")
+    sp.add_argument(
+        "--output-device", default=env_device(),
+        help="output device index or name substring (--list-devices), or null: paced like a sound "
+        "card, audio discarded; default: $STREAMTTS_OUTPUT_DEVICE, else the system's",
+    )  # fmt: skip
+    sp.add_argument("--list-devices", action="store_true", help="list the output devices and exit")
+    sp.add_argument("--save", help="also write what was played to this file; without a sound card, only write it")
+    _add_request_args(sp)
+    sp.set_defaults(handler=_speak, check=_check_speak)

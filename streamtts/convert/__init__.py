@@ -1,0 +1,1 @@
+"""Offline tooling: checkpoints to the published GGUF bundle, the fused-heads file, downloads."""

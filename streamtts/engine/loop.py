@@ -1,0 +1,627 @@
+"""The engine loop: one thread, ``schedule -> execute -> update`` every tick.
+
+``schedule`` (:mod:`.scheduler`) decides which streams step and which prompt
+pieces are fed; ``execute`` runs them through the backbone and the audio heads;
+``update`` samples, advances the delay state machines and routes frames.
+
+Each tick advances every running stream by one step in a single backbone
+call (one embedding row per stream, its own sequence id and position), runs
+the audio heads for all of them in one matmul, samples and advances the delay
+state machines vectorised over the batch, and routes the frames that became
+complete to the decode thread. A joining stream's prompt is prefilled in
+chunks between ticks so it never freezes the others.
+
+Only this thread touches the backbone. The asyncio side talks to it through a
+command queue (submit / abort) and receives audio through each stream's sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..constants import FRAME_S
+from ..core.delay_state import DelayStates
+from ..core.frames import FrameAssembler
+from ..core.sampling import RowSampler
+from ..core.tokens import TokenIds
+from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
+from ..model.backbone import KV_PAD
+from ..model.tables import AudioHeads, Embedder
+from ..request import PreparedRequest
+from .decoding import DecodeJob, DecodeWorker
+from .prefix_cache import PrefixCache
+from .scheduler import NO_SLOTS, Plan, Scheduler
+from .slot_table import SlotTable, Stream
+
+log = logging.getLogger(__name__)
+
+_NEG_INF = np.float32(-np.inf)
+
+
+class BackboneLike(Protocol):
+    """What the loop needs from a backbone (the real one, or the zero-cost stand-in)."""
+
+    n_embd: int
+    n_ctx_seq: int
+
+    def bind(
+        self,
+        embd: np.ndarray,
+        pos: np.ndarray,
+        seq: np.ndarray,
+        output: np.ndarray,
+        hidden_out: np.ndarray | None,
+        logits_out: np.ndarray | None,
+    ) -> None: ...
+
+    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int: ...
+
+    def seq_rm(self, seq: int, start: int = 0) -> None: ...
+
+    def seq_state(self, seq: int) -> np.ndarray: ...
+
+    def load_seq_state(self, seq: int, state: np.ndarray) -> None: ...
+
+
+@dataclass
+class StepProfile:
+    """Cumulative wall time per stage of the step path (seconds)."""
+
+    ticks: int = 0
+    rows: int = 0
+    embed: float = 0.0
+    backbone: float = 0.0
+    heads: float = 0.0
+    sampling: float = 0.0
+    other: float = 0.0
+    # the backbone waiting for a codec call to finish (CPU codec, `codec_turns`): the codec's
+    # work the step pays for on shared cores
+    codec_wait: float = 0.0
+    prefill: float = 0.0
+    prefill_rows: int = 0
+    # the fastest one-row decode: what a step costs when nothing else wants the CPU
+    # (`--profile` warns when the average is far above it)
+    backbone_min_1row: float = float("inf")
+
+    def per_step_ms(self) -> dict[str, float]:
+        n = max(self.ticks, 1)
+        return {k: 1000.0 * getattr(self, k) / n for k in ("embed", "backbone", "heads", "sampling", "other", "codec_wait")}
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What ``execute`` hands ``update``: output rows [0, len(slots)) belong to ``slots``."""
+
+    slots: np.ndarray
+    t_start: float
+    audio: np.ndarray | None = None  # (B, n_vq, audio_rows) audio logits (heads already applied)
+
+
+class EngineCore:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        ids: TokenIds,
+        backbone: BackboneLike,
+        embedder: Embedder | None,
+        heads: AudioHeads | None,
+        decoder: DecodeWorker,
+        *,
+        fused_heads: bool = False,
+        sampler: RowSampler | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.ids = ids
+        self.backbone = backbone
+        self.embedder = embedder
+        self.heads = heads
+        self.decoder = decoder
+        self.fused = fused_heads
+        cap = cfg.max_streams
+        self.capacity = cap
+        k = ids.n_vq
+        a = ids.audio_rows
+        h = backbone.n_embd
+        self.n_ctx_seq = backbone.n_ctx_seq
+        self.slots = SlotTable(cap)
+        self.states = DelayStates(cap, ids, sampler)
+        self.assembler = FrameAssembler(cap, k, ids.audio_pad_code)
+        self.prefix_cache = PrefixCache(cfg.prefix_cache_mib << 20)
+        self.scheduler = Scheduler(cfg, self.slots, self.prefix_cache)
+        rows_max = max(cfg.n_batch, cap)
+        # Persistent buffers bound once to the backbone (the hot path allocates nothing).
+        self.embd = np.zeros((rows_max, h), dtype=np.float32)
+        self.pos = np.zeros(rows_max, dtype=np.int32)
+        self.seq = np.zeros(rows_max, dtype=np.int32)
+        self.outf = np.zeros(rows_max, dtype=np.int8)
+        n_cols = 2 + (k * a if fused_heads else 0)
+        # Output rows: one per running stream plus one per prompt completed this tick.
+        self.logits = np.zeros((2 * cap, n_cols), dtype=np.float32)
+        self.hidden = None if fused_heads else np.zeros((2 * cap, h), dtype=np.float32)
+        # the heads' output, or (fused heads) whole rows copied for a sampler that needs them
+        self.audio_in_place = fused_heads and bool(getattr(sampler, "accepts_strided", False))
+        self.audio_buf = np.zeros((0 if self.audio_in_place else 2 * cap, k * a), dtype=np.float32)
+        backbone.bind(self.embd, self.pos, self.seq, self.outf, self.hidden, self.logits)
+        audio_base = self.logits[:, 2:] if self.audio_in_place else self.audio_buf
+        self._out = np.zeros((2 * cap, 1 + k), dtype=np.int64)
+        # the compiled step bound to these buffers (None: the NumPy sampler); the audio
+        # logits of a step's B rows are always the first B rows of audio_base
+        audio_all = audio_base.reshape(2 * cap, k, a)  # a view: the last axis is contiguous
+        assert audio_all.size == 0 or np.shares_memory(audio_all, audio_base)
+        # a step's slot numbers (for the compiled twins, bound once below)
+        self._slot_buf = np.zeros(2 * cap, dtype=np.int64)
+        self._bound_step = self.states.bound_step(self._slot_buf, self.logits[:, :2], audio_all, self._out)
+        bind_frames = getattr(sampler, "bind_frames", None)
+        self._bound_push = None if bind_frames is None else bind_frames(self.assembler, self._slot_buf, self._out[:, 1:])
+        self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
+        bind_embedder = getattr(sampler, "bind_embedder", None)
+        self._bound_embed = (
+            None if bind_embedder is None or embedder is None else bind_embedder(embedder, self._slot_buf, self.next_rows, self.embd)
+        )
+        self._rows = np.zeros((cap, 1 + k), dtype=np.int64)
+        self._empty = np.zeros((0, k), dtype=np.int64)
+        self._arange = np.arange(rows_max, dtype=np.int32)
+        self._slot_ids = np.arange(cap, dtype=np.int64)
+        self.waiting: deque[PreparedRequest] = deque()
+        self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="streamtts-engine", daemon=True)
+        self._stopping = False
+        self.profile = StepProfile()
+        self.ticks = 0  # engine ticks so far (prefill-only ticks included)
+        self.chunk_frames = list(cfg.chunk_frames)
+        self.tick_s = 0.0  # moving average of the tick time (for the chunk policy)
+        self.decode_margin_s = 0.05  # time allowed for a decode window to reach the listener
+
+    # -- front-end API (any thread) -------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, req: PreparedRequest) -> None:
+        if self._stopping:
+            raise EngineClosedError("engine is closed")
+        self._commands.put(("submit", req))
+
+    def abort(self, rid: int) -> None:
+        self._commands.put(("abort", rid))
+
+    def stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._commands.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.heads is not None:
+            self.heads.close()
+
+    @property
+    def active_streams(self) -> int:
+        return self.slots.active
+
+    @property
+    def queued_streams(self) -> int:
+        return len(self.waiting)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                idle = self.slots.active == 0
+                if not self._drain_commands(block=idle):
+                    break
+                self._expire_waiting()
+                self._admit()
+                if self.slots.active:
+                    self.step()
+        except BaseException:  # pragma: no cover - a bug; make it loud and fail every stream
+            log.exception("engine loop crashed")
+            self._fail_all(GenerationError("engine loop crashed; see the log"))
+            raise
+        finally:
+            self._fail_all(EngineClosedError("engine closed"))
+
+    def step(self) -> None:
+        """One tick: ``schedule -> execute -> update``."""
+        self.ticks += 1
+        plan = self.scheduler.schedule()
+        if plan.empty:
+            return
+        t0 = time.perf_counter()
+        with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
+            self.profile.codec_wait += time.perf_counter() - t0
+            result = self.execute(plan)
+        if result.slots.size:
+            self.update(result)
+
+    def _drain_commands(self, block: bool) -> bool:
+        if not block and self._commands.empty():  # the usual tick: no exception raised and caught
+            return True
+        while True:
+            try:
+                if block:
+                    timeout = 0.5 if self.waiting else None
+                    cmd, arg = self._commands.get(timeout=timeout)
+                    block = False
+                else:
+                    cmd, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if cmd == "submit":
+                assert isinstance(arg, PreparedRequest)
+                self.waiting.append(arg)
+            elif cmd == "abort":
+                self._abort(int(arg))  # type: ignore[call-overload]
+            elif cmd == "stop":
+                return False
+
+    def _expire_waiting(self) -> None:
+        now = time.monotonic()
+        limit = self.cfg.queue_timeout_s
+        while self.waiting and now - self.waiting[0].stats.t_submit > limit:
+            req = self.waiting.popleft()
+            err = QueueTimeoutError(f"no stream slot became free within {limit:g} s (all {self.capacity} busy)")
+            self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+
+    def _admit(self) -> None:
+        while self.waiting:
+            slot = self.slots.free_slot()
+            if slot is None:
+                return
+            req = self.waiting.popleft()
+            if req.sink.cancelled:
+                continue
+            self.slots.reset(slot, req)
+            req.stats.t_admitted = time.monotonic()
+            req.stats.prompt_rows = req.prompt.shape[0]
+            self.states.reset(slot, req.prompt, req.sampling, req.seed)
+            self.assembler.reset(slot)
+            self.scheduler.admitted(slot)
+
+    def _abort(self, rid: int) -> None:
+        slot = self.slots.find(rid)
+        if slot is not None:
+            s = self.slots.streams[slot]
+            assert s is not None
+            s.req.stats.finish_reason = "cancelled"
+            self._free(slot, DecodeJob(rid, s.req.sink, self._empty, 0, 0, drop=True))
+            return
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                return
+
+    def _free(self, slot: int, final: DecodeJob | None = None) -> None:
+        """Empty a slot (its row, KV cells, prefix claims, place in the prefill queue) and
+        hand ``final`` to the decode thread."""
+        s = self.slots.release(slot)
+        self.scheduler.released(slot)
+        try:
+            self.backbone.seq_rm(slot)
+        except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
+            log.exception("could not free KV cache of slot %d", slot)
+        if s is not None and final is not None:
+            self.decoder.submit(final)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for i, s in enumerate(self.slots.streams):
+            if s is not None:
+                self._free(i, DecodeJob(s.req.rid, s.req.sink, self._empty, 0, 0, error=err))
+        while self.waiting:
+            req = self.waiting.popleft()
+            self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+
+    def _fail_slots(self, slots: np.ndarray | list[int], what: str, exc: BaseException) -> None:
+        for slot in np.asarray(slots).tolist():
+            s = self.slots.streams[slot]
+            if s is not None:
+                err = GenerationError(f"{what}: {exc}")
+                err.__cause__ = exc
+                s.req.stats.finish_reason = "error"
+                self._free(slot, DecodeJob(s.req.rid, s.req.sink, self._empty, 0, 0, error=err))
+
+    # -- execute: the backbone and the heads -----------------------------------------------
+    def execute(self, plan: Plan) -> StepResult:
+        """Decode one row per stepped stream, then the planned prompt pieces (their last
+        rows are output after the stepped ones), then the audio heads of all output rows."""
+        t0 = time.perf_counter()
+        run = plan.decode
+        if run.size and not self._decode_run(run):
+            run = NO_SLOTS
+        for slot, state in plan.loads:
+            self._load_prefix(slot, state)
+        fin: list[int] = []
+        for piece in plan.prefill:
+            s = self.slots.streams[piece.slot]
+            if s is None or s.fed != piece.start:  # failed or freed earlier in this tick
+                continue
+            out_row = run.size + len(fin) if piece.last else -1
+            if self._prefill_piece(piece.slot, piece.rows, out_row):
+                if piece.store_prefix:
+                    self._store_prefix(piece.slot)
+                if piece.last:
+                    fin.append(piece.slot)
+        slots = run if not fin else np.concatenate([run, np.asarray(fin, dtype=np.int64)])
+        result = StepResult(slots, t0)
+        if slots.size:
+            t2 = time.perf_counter()
+            b = slots.size
+            if self.audio_in_place:  # a sampler reading strided rows: the logits as they lie
+                result.audio = self.logits[:b, 2:].reshape(b, self.ids.n_vq, self.ids.audio_rows)
+            elif self.fused:  # one copy into whole rows: the sampler then needs no other
+                audio = self.audio_buf[:b]
+                np.copyto(audio, self.logits[:b, 2:])
+                result.audio = audio.reshape(b, self.ids.n_vq, self.ids.audio_rows)
+            else:
+                assert self.heads is not None and self.hidden is not None
+                result.audio = self.heads(self.hidden[:b], self.audio_buf)
+            self.profile.heads += time.perf_counter() - t2
+        return result
+
+    def _decode_run(self, run: np.ndarray) -> bool:
+        """One backbone call with one row per running stream (``run``, ascending); outputs
+        land in rows [0, B).
+
+        llama.cpp splits a call over its per-sequence KV streams into one graph per run of
+        consecutive sequence ids, and each graph reads all the weights again (on the
+        ``deep`` model four rows in slots 0, 2, 4, 6 cost 52 ms, in slots 0-3 24 ms). So a
+        call whose slots have gaps decodes a stand-in row in each slot between (see
+        ``_stand_ins``): output nowhere, its KV cell removed after the call."""
+        prof = self.profile
+        b = run.size
+        t0 = time.perf_counter()
+        kv_pos = self.slots.kv_pos
+        stand_ins = self._stand_ins(run)
+        batch = run if stand_ins is None else self._slot_ids[run[0] : run[-1] + 1]
+        n = batch.size
+        if self._bound_embed is not None:  # the compiled twin: the slots' next rows, embedded
+            self._slot_buf[:n] = batch
+            self._bound_embed(n)
+        elif self.embedder is not None:
+            rows = self._rows[:n]
+            np.take(self.next_rows, batch, axis=0, out=rows, mode="clip")  # "clip": no buffered copy
+            self.embedder(rows, out=self.embd[:n])
+        self.pos[:n] = kv_pos[batch]
+        self.seq[:n] = batch
+        if stand_ins is None:
+            self.outf[:n] = 1
+        else:  # a stand-in's row: the slot's last ids at its next position, no output
+            self.outf[:n] = 0
+            self.outf[run - run[0]] = 1
+        t1 = time.perf_counter()
+        try:
+            self.backbone.decode_bound(n, not self.fused, 0)
+        except Exception as exc:
+            log.exception("backbone step failed for %d streams", b)
+            self._fail_slots(run, "backbone step failed", exc)
+            return False
+        finally:
+            if stand_ins is not None:
+                self._remove_stand_ins(stand_ins)
+        kv_pos[run] += 1
+        prof.embed += t1 - t0
+        dt = time.perf_counter() - t1
+        prof.backbone += dt
+        if b == 1 and dt < prof.backbone_min_1row:
+            prof.backbone_min_1row = dt
+        return True
+
+    def _stand_ins(self, run: np.ndarray) -> np.ndarray | None:
+        """The slots between the first and last of ``run`` that are not in it, when a
+        stand-in row in each makes the call one graph; None when there are none, or when
+        the call would grow past ``max_batch_rows`` or attend over more cells: llama.cpp
+        attends over the most cells any sequence of the graph holds (rounded up to 256),
+        so a stand-in in a slot holding a longer context than any of ``run`` is left out."""
+        if run.size < 2 or run[-1] - run[0] + 1 == run.size:
+            return None
+        between = self._slot_ids[run[0] : run[-1] + 1]
+        limit = self.cfg.max_batch_rows
+        if 0 < limit < between.size:
+            return None
+        gaps = between[np.isin(between, run, assume_unique=True, invert=True)]
+        kv_pos = self.slots.kv_pos
+        if int(kv_pos[gaps].max()) // KV_PAD > int(kv_pos[run].max()) // KV_PAD:
+            return None
+        return gaps
+
+    def _remove_stand_ins(self, stand_ins: np.ndarray) -> None:
+        """Take the stand-in rows' cells out of the KV cache (each slot's cells from its next
+        position on: its own stream's, if any, stay)."""
+        kv_pos = self.slots.kv_pos
+        for slot in stand_ins.tolist():
+            try:
+                self.backbone.seq_rm(slot, int(kv_pos[slot]))
+            except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
+                log.exception("could not remove the stand-in row of slot %d", slot)
+
+    def _prefill_piece(self, slot: int, n: int, out_row: int) -> bool:
+        """Rows [fed, fed + n) of one prompt in one call; the last row is output to
+        ``out_row`` unless it is -1."""
+        s = self.slots.streams[slot]
+        assert s is not None
+        a = s.fed
+        self.embd[:n] = s.req.prompt_embd[a : a + n]
+        np.add(self._arange[:n], a, out=self.pos[:n])
+        self.seq[:n] = slot
+        self.outf[:n] = 0
+        if out_row >= 0:
+            self.outf[n - 1] = 1
+        t0 = time.perf_counter()
+        try:
+            self.backbone.decode_bound(n, out_row >= 0 and not self.fused, max(out_row, 0))
+        except Exception as exc:
+            log.exception("prefill failed")
+            self._fail_slots([slot], "prompt prefill failed", exc)
+            return False
+        self.profile.prefill += time.perf_counter() - t0
+        self.profile.prefill_rows += n
+        s.fed += n
+        s.req.stats.prefill_ticks += 1
+        self.slots.kv_pos[slot] += n
+        if s.fed == s.req.prompt.shape[0]:
+            s.running = True
+            s.req.stats.t_prefilled = time.monotonic()
+            self.scheduler.prefilled(slot)
+        return True
+
+    def _load_prefix(self, slot: int, state: np.ndarray) -> None:
+        s = self.slots.streams[slot]
+        assert s is not None
+        try:
+            self.backbone.load_seq_state(slot, state)
+        except Exception as exc:
+            log.exception("loading a cached prompt prefix failed")
+            self._fail_slots([slot], "loading the cached prompt prefix failed", exc)
+            return
+        s.fed = s.req.prefix_rows
+        self.slots.kv_pos[slot] = s.fed
+        s.req.stats.prefix_cached_rows = s.fed
+
+    def _store_prefix(self, slot: int) -> None:
+        s = self.slots.streams[slot]
+        assert s is not None
+        try:
+            state = self.backbone.seq_state(slot)
+        except Exception:  # the stream itself is fine; only the cache entry is lost
+            log.exception("snapshot of a prompt prefix failed")
+            self.prefix_cache.release(slot)
+            return
+        self.prefix_cache.store(s.req.prefix_key, slot, state)
+
+    # -- update: sampling, state machines, frames -----------------------------------------
+    def update(self, result: StepResult) -> None:
+        """Sample the next row of every output stream, advance its state machine, and route
+        the frames that became complete; a failure fails only these streams."""
+        try:
+            self._sample(result)
+        except Exception as exc:
+            log.exception("sampling failed for %d streams", result.slots.size)
+            self._fail_slots(result.slots, "generation step failed", exc)
+
+    def _sample(self, result: StepResult) -> None:
+        prof = self.profile
+        slots = result.slots
+        b = slots.size
+        assert result.audio is not None
+        t3 = time.perf_counter()
+        self._force_fixed(slots, b)
+        bound, push = self._bound_step, self._bound_push
+        if bound is not None or push is not None:  # the compiled twins read the slots from here
+            self._slot_buf[:b] = slots
+        if bound is not None and bound(b):
+            out = self._out[:b]
+        else:  # the NumPy sampler, or a stream outside audio mode
+            out = self.states.step(slots, self.logits[:b, :2], result.audio, self._full_text_logits, self._out[:b])
+        t4 = time.perf_counter()
+        self.slots.steps[slots] += 1
+        self.next_rows[slots] = out
+        tick_s = t4 - result.t_start
+        self.tick_s += 0.1 * (tick_s - self.tick_s)
+        streams = self.slots.streams
+        for slot in slots.tolist():  # before routing: routing frees finished slots
+            s = streams[slot]
+            if s is not None:
+                s.req.stats.steps += 1
+                s.req.stats.step_s += tick_s
+        if push is not None:  # the compiled twin, on this step's slots and rows
+            push(b)
+            frames, ready, index = push.frames[:b], push.ready[:b], push.index[:b]
+        else:
+            frames, ready, index = self.assembler.push(slots, out[:, 1:])
+        self._route(slots, frames, ready, index)
+        prof.ticks += 1
+        prof.rows += b
+        prof.sampling += t4 - t3
+        prof.other += time.perf_counter() - t4
+
+    def _force_fixed(self, run: np.ndarray, b: int) -> None:
+        if not self.slots.n_fixed:  # a plain int: after a decode every NumPy call runs cold
+            return
+        pair = self.logits[:b, :2]
+        fx = self.slots.fixed[run]
+        st = self.slots.steps[run]
+        on = fx >= 0
+        pair[on & (st < fx - 1), 1] = _NEG_INF  # keep talking
+        pair[on & (st >= fx - 1), 0] = _NEG_INF  # then end speech
+
+    def _full_text_logits(self, i: int) -> np.ndarray:
+        """Full text-head logits of output row ``i``: rare, only outside audio mode."""
+        if self.heads is None or self.hidden is None:
+            raise GenerationError("text mode needs the full text head, which the fused GGUF does not hold")
+        return self.heads.text_logits(self.hidden[i])
+
+    def _route(self, run: np.ndarray, frames: np.ndarray, ready: np.ndarray, index: np.ndarray) -> None:
+        """Hand finished frames to the decode thread and close finished streams."""
+        n_vq = self.ids.n_vq
+        st = self.states
+        tab = self.slots
+        done = (
+            st.is_stopping[run]
+            | (st.delayed_length[run] == n_vq)  # last frame complete; next row is <|audio_end|>
+            | (tab.steps[run] >= tab.max_new[run])
+            | (tab.kv_pos[run] >= self.n_ctx_seq)
+        )
+        now = time.monotonic()
+        for i in np.flatnonzero(ready | done).tolist():
+            slot = int(run[i])
+            s = tab.streams[slot]
+            assert s is not None
+            if ready[i]:
+                if not s.pending:
+                    s.pending_first = int(index[i])
+                s.pending.append(frames[i].copy())
+            if done[i]:
+                s.req.stats.finish_reason = self._finish_reason(slot)
+                self._emit(slot, s, now, last=True)
+                self._free(slot)
+            elif s.pending and self._due(s, now):
+                self._emit(slot, s, now, last=False)
+
+    def _due(self, s: Stream, now: float) -> bool:
+        """Send the pending frames now? At the chunk target, or before a listener would run dry.
+
+        A real-time listener started at the first chunk has ``slack`` seconds of
+        audio left; waiting for a full chunk costs the remaining frames' ticks plus
+        a decode, so send early when that would exhaust the slack.
+        """
+        target = self.chunk_frames[min(s.chunk_index, len(self.chunk_frames) - 1)]
+        missing = target - len(s.pending)
+        if missing <= 0:
+            return True
+        slack = s.t_first_emit + s.frames_sent * FRAME_S - now
+        return slack < missing * self.tick_s + self.decode_margin_s
+
+    def _emit(self, slot: int, s: Stream, now: float, last: bool) -> None:
+        codes = np.stack(s.pending) if s.pending else self._empty
+        n = codes.shape[0]
+        if n == 0 and not last:
+            return
+        if s.frames_sent == 0 and n:
+            s.t_first_emit = now
+        s.req.stats.frames += n
+        self.decoder.submit(
+            DecodeJob(
+                s.req.rid, s.req.sink, codes, s.pending_first, int(self.slots.steps[slot]) - 1,
+                is_last=last, tick=self.ticks,
+            )
+        )
+        s.frames_sent += n
+        self.slots.audio_due[slot] = s.t_first_emit + s.frames_sent * FRAME_S
+        s.chunk_index += 1
+        s.pending = []
+
+    def _finish_reason(self, slot: int) -> str:
+        if self.states.is_stopping[slot]:
+            return "stop"
+        if self.states.delayed_length[slot] == self.ids.n_vq:
+            return "audio_end"
+        if self.slots.steps[slot] >= self.slots.max_new[slot]:
+            return "max_new_tokens"
+        return "context_full"

@@ -1,0 +1,1 @@
+"""The per-step kernels: each a NumPy specification and, optionally, its compiled twin."""

