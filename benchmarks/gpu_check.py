@@ -333,6 +333,7 @@ class Stages:
     def __init__(self, res: dict[str, Any], deadline: float, json_path: Path | None) -> None:
         self.res, self.deadline, self.json_path = res, deadline, json_path
         res.setdefault("skipped", {})
+        self.save()  # a table even if the model cannot be written
 
     def left(self) -> float:
         return self.deadline - time.time() if self.deadline else float("inf")
@@ -436,10 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.codec_scale != "none" and levels:
         def codec_bench() -> list[dict[str, Any]]:
             onnx_dir, t_build = real_codec(work, args.codec_scale)
+            width = "the demo's width" if args.codec_scale == "tiny" else f"{args.codec_scale} x the published width"
             res["codec"] = (
-                f"real architecture, random weights, {args.codec_scale} x the published width"
-                f" (built in {t_build:.0f} s), exact streaming graph, ONNX Runtime CPU on "
-                f"{os.cpu_count()} cores"
+                f"real architecture, random weights, {width} (built in {t_build:.0f} s), exact "
+                f"streaming graph, ONNX Runtime CPU on {os.cpu_count()} cores"
             )
             ccfg = write_run_config(cfg, fused, args.gpu_layers, work, args.threads, codec=onnx_dir, name="gpu-check-codec.yaml")
             return bench(ccfg, levels, args.frames, work / "bench-codec.json", kernel=False, timeout=st.timeout())

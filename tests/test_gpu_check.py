@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,26 @@ def test_the_kit_fits_and_its_manifest_lists_every_file_with_a_reason(kit: Path)
     tops = {n.split("/")[1] for n in names if n.count("/") >= 2}
     assert not tops & {"models", "docs", "tests", "examples", "tools", "common"}, tops
     assert not any(n.startswith("llama.cpp/ggml/src/ggml-vulkan/") for n in names)
+
+
+def test_every_header_the_cuda_sources_include_is_in_the_kit(kit: Path, tmp_path: Path) -> None:
+    """No nvcc here: the CUDA build itself runs only on the GPU machine. What can be checked is
+    that every quoted #include of ggml-cuda resolves inside the trimmed tree (as nvcc's -I
+    paths do: the file's folder, ggml-cuda, ggml/src, ggml/include)."""
+    with tarfile.open(kit / "llama.cpp-src.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "llama.cpp"
+    cuda = root / "ggml" / "src" / "ggml-cuda"
+    dirs = [cuda, root / "ggml" / "src", root / "ggml" / "include"]
+    sources = [f for f in cuda.rglob("*") if f.suffix in (".cu", ".cuh", ".h", ".cpp")]
+    assert len(sources) > 100
+    missing = set()
+    for f in sources:
+        for inc in re.findall(r'^\s*#\s*include\s+"([^"]+)"', f.read_text(errors="replace"), re.M):
+            if not any((d / inc).is_file() for d in (f.parent, *dirs)):
+                missing.add(inc)
+    # ggml-musa/ is Moore Threads' backend (#if defined(GGML_USE_MUSA)), not built for CUDA
+    assert missing <= {"ggml-musa/mudnn.cuh"}, missing
 
 
 def test_a_kit_that_differs_from_its_manifest_is_refused(kit: Path, tmp_path: Path) -> None:
