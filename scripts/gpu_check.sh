@@ -89,7 +89,12 @@ RC=0
 
 phase() { echo "==> $*"; T_PHASE=$SECONDS; }
 done_phase() { SUMMARY+=("$(printf '%-34s %4d s  %s' "$1" $((SECONDS - T_PHASE)) "${2:-}")"); }
-left() { if [[ $DEADLINE == 0 ]]; then echo 100000; else echo $(( DEADLINE - $(date +%s) )); fi; }
+# seconds left (at least 1: `timeout 0` would mean no limit at all)
+left() {
+    if [[ $DEADLINE == 0 ]]; then echo 100000; return; fi
+    local s=$(( DEADLINE - $(date +%s) ))
+    echo $(( s > 1 ? s : 1 ))
+}
 
 # The logs and the table go to LOGS (the device's returned-files folder): at most 8 files.
 save_logs() {
