@@ -10,10 +10,18 @@ Run by ``scripts/gpu_check.sh`` (which builds the CUDA bridge first). Steps:
    on the original GGUF (whose output layer is the full 151936-row text head);
 4. the engine, one stream at a time: TTFA p50 and per-step ms, fused heads (and
    NumPy heads for comparison), ratio to the bare loop;
-5. ``streamtts bench`` at each concurrency level with fused heads.
+5. ``streamtts bench`` at each concurrency level with fused heads and the tone codec (the
+   backbone alone: that codec costs next to nothing), the top level again with streams
+   joining a busy engine;
+6. ``streamtts bench --null-backbone`` (a zero-cost backbone: the CPU side of a tick);
+7. memory per stream: fresh processes holding 1 and N slots (GPU memory, else RSS);
+8. the same levels with the real codec architecture (random weights, ``--codec-scale`` of
+   the published width) on ONNX Runtime CPU over all cores.
 
+The stages run in order of importance; with ``--deadline`` one that would start too late is
+skipped, and the table says so. ``--json`` is rewritten after every stage, and
+``--table-from`` prints the table of such a file (scripts/gpu_check.sh prints it last).
 ``--shape tiny --gpu-layers 0`` runs the same pipeline on CPU (the script's own test).
-Prints the table to stdout and writes JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -30,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("gpu_check")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -148,84 +159,211 @@ def engine_single(cfg: Path, frames: int, streams: int, **overrides: Any) -> dic
     return asyncio.run(_engine_single(cfg, frames, streams, **overrides))
 
 
-def bench(cfg: Path, levels: list[int], frames: int, out: Path, joining: bool = False) -> list[dict[str, Any]]:
+def bench(
+    cfg: Path, levels: list[int], frames: int, out: Path, *, joining: bool = False,
+    kernel: bool = True, null_backbone: bool = False, timeout: float | None = None,
+) -> list[dict[str, Any]]:
     cmd = [
         sys.executable, "-m", "streamtts.cli.main", "bench", "--config", str(cfg),
         "--concurrency", *map(str, levels), "--frames", str(frames), "--json", str(out),
     ]  # fmt: skip
-    cmd += ["--arrival", "joining", "--joiners", "5"] if joining else ["--kernel-bound"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    if joining:
+        cmd += ["--arrival", "joining", "--joiners", "5"]
+    elif null_backbone:
+        cmd += ["--null-backbone"]
+    elif kernel:
+        cmd += ["--kernel-bound"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"streamtts bench failed ({res.returncode}):\n{res.stderr[-3000:]}")
     levels_out: list[dict[str, Any]] = json.loads(out.read_text())["levels"]
     return levels_out
 
 
+def real_codec(work: Path, scale: str) -> tuple[Path, float]:
+    """The real decoder architecture with random weights (offline + exact streaming graphs):
+    ``scale`` of the published widths (same depth, contexts and I/O), or ``tiny`` (the demo's)."""
+    from streamtts.codec.build.random_ckpt import scale_config
+    from streamtts.demo.real_codec import write_real_codec
+
+    out = work / f"codec-real-{scale}"
+    onnx_dir, ckpt = out / "onnx", out / "MOSS-Audio-Tokenizer"
+    t0 = time.monotonic()
+    if not (onnx_dir / "decoder_streaming.onnx").is_file():
+        config = None
+        if scale != "tiny":
+            published = HERE.parent / "tests" / "fixtures" / "codec" / "published-config.json"
+            config = scale_config(json.loads(published.read_text()), float(scale))
+        write_real_codec(onnx_dir, ckpt, config=config)
+    return onnx_dir, time.monotonic() - t0
+
+
+def memory_probe(cfg: Path, streams: int) -> dict[str, float]:
+    """Memory of a fresh process holding an engine of ``streams`` slots after one stream."""
+    code = (
+        "import asyncio, json, os, subprocess, sys\n"
+        "from streamtts import Engine\n"
+        "from streamtts.request import StreamOptions\n"
+        "async def main():\n"
+        f"    async with Engine.from_config({str(cfg)!r}, max_streams={streams}) as e:\n"
+        "        await e.generate('Memory probe.', options=StreamOptions(seed=0, fixed_frames=4))\n"
+        "        info = dict(e.info)\n"
+        "        rss = int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) / 1024\n"
+        "        gpu = None\n"
+        "        try:\n"
+        "            q = subprocess.run(['nvidia-smi', '--query-compute-apps=pid,used_memory',\n"
+        "                '--format=csv,noheader,nounits'], capture_output=True, text=True, timeout=20).stdout\n"
+        "            mine = [float(l.split(',')[1]) for l in q.splitlines() if l.split(',')[0].strip() == str(os.getpid())]\n"
+        "            if mine:\n"
+        "                gpu = sum(mine)\n"
+        "            else:\n"
+        "                q = subprocess.run(['nvidia-smi', '--query-gpu=memory.used', '--format=csv,noheader,nounits'],\n"
+        "                    capture_output=True, text=True, timeout=20).stdout\n"
+        "                gpu = float(q.split()[0]) if q.strip() else None\n"
+        "        except (OSError, subprocess.SubprocessError, ValueError, IndexError):\n"
+        "            pass\n"
+        "        print(json.dumps({'rss_mib': rss, 'gpu_mib': gpu,\n"
+        "            'kv_mib_per_stream': info.get('kv_cache_mib_per_stream')}))\n"
+        "asyncio.run(main())\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"memory probe ({streams} streams) failed:\n{res.stderr[-3000:]}")
+    out: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
 def write_run_config(
-    base: Path, fused: Path, gpu_layers: int, work: Path, threads: int = 0
+    base: Path, fused: Path, gpu_layers: int, work: Path, threads: int = 0,
+    codec: Path | None = None, name: str = "gpu-check.yaml",
 ) -> Path:
-    """The model's config plus the run settings (fused heads, offload, small per-stream KV)."""
+    """The model's config plus the run settings (fused heads, offload, small per-stream KV);
+    ``codec``: a folder with decoder.onnx + decoder_streaming.onnx to decode with instead."""
     text = base.read_text(encoding="utf-8")
     text += (
         f"fused_gguf: {fused}\nheads_backend: fused\nn_gpu_layers: {gpu_layers}\n"
         "n_ctx: 1024\nn_batch: 512\nprefill_chunk: 512\nflash_attn: auto\n"
         f"n_threads: {threads}\n"
     )
-    out = work / "gpu-check.yaml"
+    if codec is not None:
+        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("audio_decoder_onnx:"))
+        text += (
+            f"\naudio_decoder_onnx: {codec / 'decoder.onnx'}\n"
+            f"codec_streaming: {codec / 'decoder_streaming.onnx'}\ncodec_threads: 0\n"
+        )
+    out = work / name
     out.write_text(text, encoding="utf-8")
     return out
 
 
+def _bench_rows(label: str, levels: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    rows = []
+    for lv in levels:
+        kern = lv.get("kernel_throughput_vs_1")
+        rows.append((
+            f"{label} {lv['concurrency']:>3}",
+            f"{lv['aggregate_frames_per_s']:8.1f} frames/s  TTFA p50 {lv['ttfa_ms_p50']:7.1f} ms "
+            f"p95 {lv['ttfa_ms_p95']:7.1f} ms  step p50 {lv['ms_per_step_p50']:7.2f} ms  "
+            f"RTF p95 {lv['rtf_p95']:.3f}  real-time {lv['realtime_streams']}/{lv['concurrency']}"
+            + (f"  x1 {lv.get('throughput_vs_1', float('nan')):.2f} (kernel {kern:.2f})" if kern is not None else ""),
+        ))  # fmt: skip
+    return rows
+
+
 def table(res: dict[str, Any]) -> str:
+    """One table from the stages' results (a stage that did not run says why)."""
     rows: list[tuple[str, str]] = []
     add = rows.append
     add(("device", res["device"]))
-    add(("model", f"{res['shape']} {res['quant']} random (fused: {res['fused_rows']} output rows)"))
-    add(("setup: write model / convert", f"{res['t_model_s']:.1f} s / {res['t_convert_s']:.1f} s"))
-    bf, bo = res["bare_fused"], res["bare_original"]
-    add(
-        (
-            "bare llama.cpp step, fused GGUF",
-            f"{bf['step_ms_p50']:.3f} ms (min {bf['step_ms_min']:.3f})",
-        )
-    )
-    add(("bare llama.cpp step, original GGUF", f"{bo['step_ms_p50']:.3f} ms (full text head)"))
-    ef = res["engine_fused"]
-    ratio = ef["step_ms_p50"] / bf["step_ms_p50"]
-    add(("engine 1 stream, fused: TTFA p50", f"{ef['ttfa_ms_p50']:.1f} ms"))
-    add(("engine 1 stream, fused: step p50", f"{ef['step_ms_p50']:.3f} ms  (x{ratio:.3f} bare)"))
-    prof = ef["profile"]
-    add(("  step split (ms)", ", ".join(f"{k} {v:.3f}" for k, v in prof.items())))
-    if res.get("engine_numpy"):
-        en = res["engine_numpy"]
-        add(
-            (
-                "engine 1 stream, numpy heads: TTFA / step",
-                f"{en['ttfa_ms_p50']:.1f} ms / {en['step_ms_p50']:.3f} ms",
-            )
-        )
-    for lv in res.get("bench", []) + res.get("bench_joining", []):
+    if "fused_rows" in res:
+        add(("model", f"{res['shape']} {res['quant']} random (fused: {res['fused_rows']} output rows)"))
+    else:
+        add(("model", f"{res['shape']} {res['quant']} random"))
+    if "t_model_s" in res:
+        add(("setup: write model / convert", f"{res['t_model_s']:.1f} s / {res['t_convert_s']:.1f} s"))
+    for name, why in res.get("skipped", {}).items():
+        add((f"not measured: {name}", why))
+    bf, bo = res.get("bare_fused"), res.get("bare_original")
+    if bf:
+        add(("bare llama.cpp step, fused GGUF", f"{bf['step_ms_p50']:.3f} ms (min {bf['step_ms_min']:.3f})"))
+    if bo:
+        add(("bare llama.cpp step, original GGUF", f"{bo['step_ms_p50']:.3f} ms (full text head)"))
+    ef = res.get("engine_fused")
+    if ef:
+        ratio = ef["step_ms_p50"] / bf["step_ms_p50"] if bf else float("nan")
+        add(("engine 1 stream, fused: TTFA p50", f"{ef['ttfa_ms_p50']:.1f} ms"))
+        add(("engine 1 stream, fused: step p50", f"{ef['step_ms_p50']:.3f} ms  (x{ratio:.3f} bare)"))
+        add(("  step split (ms)", ", ".join(f"{k} {v:.3f}" for k, v in ef["profile"].items())))
+    en = res.get("engine_numpy")
+    if en:
+        add(("engine 1 stream, numpy heads: TTFA / step", f"{en['ttfa_ms_p50']:.1f} ms / {en['step_ms_p50']:.3f} ms"))
+    rows += _bench_rows("bench concurrency", res.get("bench", []))
+    rows += _bench_rows("bench joining", res.get("bench_joining", []))
+    if "codec" in res:
+        add(("codec for the next rows", res["codec"]))
+    rows += _bench_rows("bench real codec", res.get("bench_codec", []))
+    rows += _bench_rows("bench null backbone (CPU side)", res.get("bench_null", []))
+    mem = res.get("memory")
+    if mem:
+        unit = "GPU" if mem.get("gpu_mib_per_stream") is not None else "RSS"
+        per = mem.get("gpu_mib_per_stream") if unit == "GPU" else mem.get("rss_mib_per_stream")
         add((
-            f"bench {'joining' if lv.get('arrival') == 'joining' else 'concurrency'} {lv['concurrency']:>3}",
-            f"{lv['aggregate_frames_per_s']:8.1f} frames/s  TTFA p50 {lv['ttfa_ms_p50']:7.1f} ms "
-            f"p95 {lv['ttfa_ms_p95']:7.1f} ms  step p50 {lv['ms_per_step_p50']:7.2f} ms  "
-            f"RTF p95 {lv['rtf_p95']:.3f}  real-time {lv['realtime_streams']}/{lv['concurrency']}  "
-            f"x1 {lv.get('throughput_vs_1', float('nan')):.2f} (kernel {lv.get('kernel_throughput_vs_1', float('nan')):.2f})",
+            f"{unit} memory per stream",
+            f"{per:.1f} MiB ({mem['streams'][0]} vs {mem['streams'][1]} streams; KV cache alone "
+            f"{mem.get('kv_mib_per_stream')} MiB)",
         ))  # fmt: skip
-    if res["gpu"]:
-        ok_ttfa = ef["ttfa_ms_p50"] <= TTFA_TARGET_MS
-        ok_step = ratio <= OVERHEAD_TARGET
-        add(("target TTFA p50 <= 120 ms", "PASS" if ok_ttfa else "FAIL"))
-        add(("target engine step <= 1.03 x bare", "PASS" if ok_step else "FAIL"))
+    if res["gpu"] and ef:
+        ratio = ef["step_ms_p50"] / bf["step_ms_p50"] if bf else float("nan")
+        add(("target TTFA p50 <= 120 ms", "PASS" if ef["ttfa_ms_p50"] <= TTFA_TARGET_MS else "FAIL"))
+        add(("target engine step <= 1.03 x bare", "PASS" if ratio <= OVERHEAD_TARGET else "FAIL"))
         for key, how in (("bench", "all start at once"), ("bench_joining", "joining N-1 running")):
             top = max(res.get(key, []), key=lambda lv: lv["concurrency"], default=None)
             if top is not None and top["concurrency"] >= 64:
                 ok = top["realtime_streams"] >= 64 and top["ttfa_ms_p95"] <= 300.0
                 add((f"target 64 real-time streams, TTFA p95 <= 300 ms ({how})", "PASS" if ok else "FAIL"))
-    else:
+    elif not res["gpu"]:
         add(("targets", "n/a (CPU dry run)"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+class Stages:
+    """Runs the measurements in order of importance until the deadline; the JSON after each."""
+
+    def __init__(self, res: dict[str, Any], deadline: float, json_path: Path | None) -> None:
+        self.res, self.deadline, self.json_path = res, deadline, json_path
+        res.setdefault("skipped", {})
+        self.save()  # a table even if the model cannot be written
+
+    def left(self) -> float:
+        return self.deadline - time.time() if self.deadline else float("inf")
+
+    def timeout(self) -> float | None:
+        return max(self.left(), 1.0) if self.deadline else None
+
+    def run(self, key: str, fn: Any, need_s: float = 0.0) -> Any:
+        if self.left() < need_s:
+            self.res["skipped"][key] = f"out of time ({max(self.left(), 0):.0f} s left, needs ~{need_s:.0f} s)"
+            self.save()
+            return None
+        t0 = time.monotonic()
+        log.info("stage %s (%.0f s left)", key, self.left())
+        try:
+            value = fn()
+        except Exception as exc:  # a failed stage is reported; the rest still run
+            log.exception("stage %s failed", key)
+            self.res["skipped"][key] = f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
+            self.res.setdefault("failed", []).append(key)
+            value = None
+        else:
+            self.res[key] = value
+        self.res.setdefault("stage_s", {})[key] = round(time.monotonic() - t0, 1)
+        self.save()
+        return value
+
+    def save(self) -> None:
+        if self.json_path:
+            self.json_path.write_text(json.dumps(self.res, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,23 +377,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-steps", type=int, default=200)
     ap.add_argument("--streams", type=int, default=5, help="single-stream runs for the p50")
     ap.add_argument("--frames", type=int, default=50)
-    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32, 64, 128])
+    ap.add_argument(
+        "--null-levels", type=int, nargs="*", default=[64, 128],
+        help="bench --null-backbone levels: the CPU side of a tick",
+    )  # fmt: skip
+    ap.add_argument(
+        "--codec-scale", default="0.25",
+        help="width of the real-architecture codec benched on ONNX Runtime CPU, as a fraction of "
+        "the published one (1.0: the published size), or 'tiny'; 'none' skips it",
+    )  # fmt: skip
     ap.add_argument(
         "--threads", type=int, default=0, help="llama.cpp CPU threads (0 = physical cores)"
     )
     ap.add_argument(
         "--no-numpy-heads", action="store_true", help="skip the NumPy-heads comparison run"
     )
-    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--deadline", type=float, default=0, help="unix time after which no stage starts (0: none)")
+    ap.add_argument("--json", help="also write the results here (after every stage)")
+    ap.add_argument("--table-from", metavar="JSON", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
 
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.table_from:
+        print(table(json.loads(Path(args.table_from).read_text(encoding="utf-8"))))
+        return 0
+    if args.codec_scale not in ("tiny", "none"):
+        float(args.codec_scale)  # a bad value fails here, not after the model is written
     from streamtts.model import _llama
 
     work = Path(args.work).resolve()
-    cfg, fused, t_model, t_conv = prepare(work, args.shape, args.quant)
     gpu = args.gpu_layers != 0
     res: dict[str, Any] = {
         "device": _device_name() if gpu else "CPU",
@@ -263,32 +414,62 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": gpu,
         "shape": args.shape,
         "quant": args.quant,
-        "t_model_s": t_model,
-        "t_convert_s": t_conv,
     }
+    st = Stages(res, args.deadline, Path(args.json) if args.json else None)
+    cfg, fused, t_model, t_conv = prepare(work, args.shape, args.quant)
+    res.update(t_model_s=t_model, t_convert_s=t_conv)
     original = work / "MOSS-TTS-GGUF" / f"MOSS_TTS_{args.quant}.gguf"
-    res["bare_fused"] = bare_decode(
-        fused, args.gpu_layers, args.bare_steps, fused=True, threads=args.threads
-    )
-    res["fused_rows"] = res["bare_fused"]["n_vocab"]
-    res["bare_original"] = bare_decode(
-        original, args.gpu_layers, args.bare_steps, fused=False, threads=args.threads
-    )
+    bf = st.run("bare_fused", lambda: bare_decode(fused, args.gpu_layers, args.bare_steps, fused=True, threads=args.threads))
+    if bf:
+        res["fused_rows"] = bf["n_vocab"]
     run_cfg = write_run_config(cfg, fused, args.gpu_layers, work, args.threads)
-    res["engine_fused"] = engine_single(run_cfg, args.frames, args.streams)
+    st.run("engine_fused", lambda: engine_single(run_cfg, args.frames, args.streams))
+    levels, top = sorted(args.concurrency), max(args.concurrency, default=1)
+    if levels:
+        st.run("bench", lambda: bench(run_cfg, levels, args.frames, work / "bench.json", timeout=st.timeout()), 20)
+    if args.null_levels:
+        st.run(
+            "bench_null",
+            lambda: bench(run_cfg, args.null_levels, args.frames, work / "bench-null.json", null_backbone=True, timeout=st.timeout()),
+            10,
+        )  # fmt: skip
+    st.run("memory", lambda: _memory(run_cfg, [1, top]), 20)
+    if args.codec_scale != "none" and levels:
+        def codec_bench() -> list[dict[str, Any]]:
+            onnx_dir, t_build = real_codec(work, args.codec_scale)
+            width = "the demo's width" if args.codec_scale == "tiny" else f"{args.codec_scale} x the published width"
+            res["codec"] = (
+                f"real architecture, random weights, {width} (built in {t_build:.0f} s), exact "
+                f"streaming graph, ONNX Runtime CPU on {os.cpu_count()} cores"
+            )
+            ccfg = write_run_config(cfg, fused, args.gpu_layers, work, args.threads, codec=onnx_dir, name="gpu-check-codec.yaml")
+            return bench(ccfg, levels, args.frames, work / "bench-codec.json", kernel=False, timeout=st.timeout())
+
+        st.run("bench_codec", codec_bench, 60)
+    if levels:
+        st.run(
+            "bench_joining",
+            lambda: bench(run_cfg, [top], args.frames, work / "bench-joining.json", joining=True, timeout=st.timeout()),
+            30,
+        )  # fmt: skip
+    st.run("bare_original", lambda: bare_decode(original, args.gpu_layers, args.bare_steps, fused=False, threads=args.threads), 20)
     if not args.no_numpy_heads:
-        res["engine_numpy"] = engine_single(
-            run_cfg, args.frames, args.streams, heads_backend="numpy"
-        )
-    if args.concurrency:
-        res["bench"] = bench(run_cfg, args.concurrency, args.frames, work / "bench.json")
-        # the top level again with streams joining a busy engine (the serving case)
-        top = max(args.concurrency)
-        res["bench_joining"] = bench(run_cfg, [top], args.frames, work / "bench-joining.json", joining=True)
+        st.run("engine_numpy", lambda: engine_single(run_cfg, args.frames, args.streams, heads_backend="numpy"), 20)
     print(table(res))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2, default=str) + "\n", encoding="utf-8")
-    return 0
+    return 1 if res.get("failed") else 0
+
+
+def _memory(cfg: Path, streams: list[int]) -> dict[str, Any]:
+    lo, hi = (memory_probe(cfg, n) for n in streams)
+    d = max(streams[1] - streams[0], 1)
+    gpu = (hi["gpu_mib"] - lo["gpu_mib"]) / d if hi.get("gpu_mib") is not None and lo.get("gpu_mib") is not None else None
+    return {
+        "streams": streams,
+        "probes": [lo, hi],
+        "gpu_mib_per_stream": gpu,
+        "rss_mib_per_stream": (hi["rss_mib"] - lo["rss_mib"]) / d,
+        "kv_mib_per_stream": hi.get("kv_mib_per_stream"),
+    }
 
 
 def _device_name() -> str:
