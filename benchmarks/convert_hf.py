@@ -102,7 +102,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
         work = Path(tmp)
         preset = DemoPreset(
-            "bench", n_embd=512, n_layer=12, n_head=8, n_head_kv=4, head_dim=64, n_ff=1536
+            name="bench", n_embd=512, n_layer=12, n_head=8, n_head_kv=4, head_dim=64, n_ff=1536
         )
         t0 = time.perf_counter()
         src = write_demo_hf_checkpoint(

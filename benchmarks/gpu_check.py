@@ -2,7 +2,7 @@
 
 Run by ``scripts/gpu_check.sh`` (which builds the CUDA bridge first). Steps:
 
-1. a random model of the real shape (``gpu_model.py``: 8B Qwen3, Q4_K_M blocks,
+1. a random model of the real shape (``streamtts/demo/random_quant.py``: 8B Qwen3, Q4_K_M blocks,
    real-sized npy tables), written once into the work folder;
 2. ``streamtts convert``: the fused-heads GGUF;
 3. the limit: a bare loop of single-row ``llama_decode`` calls through the bridge
@@ -43,10 +43,9 @@ import numpy as np
 log = logging.getLogger("gpu_check")
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent))  # this checkout's streamtts
 
-import gpu_model  # noqa: E402
+from streamtts.demo import random_quant  # noqa: E402
 
 TTFA_TARGET_MS = 120.0
 OVERHEAD_TARGET = 1.03
@@ -62,13 +61,13 @@ def prepare(work: Path, shape_name: str, quant: str) -> tuple[Path, Path, float,
     from streamtts.model.fused import fused_path_for
 
     marker = work / "random-model.json"
-    shape = gpu_model.SHAPES[shape_name]
+    shape = random_quant.SHAPES[shape_name]
     want = {"shape": shape.__dict__, "quant": quant, "seed": 0}
     t0 = time.monotonic()
     cfg = work / "config.yaml"
     if not (marker.is_file() and json.loads(marker.read_text()) == want and cfg.is_file()):
         work.mkdir(parents=True, exist_ok=True)
-        cfg = gpu_model.write_model(work, shape, quant)
+        cfg = random_quant.write_model(work, shape, quant)
     t_model = time.monotonic() - t0
     gguf = work / "MOSS-TTS-GGUF" / f"MOSS_TTS_{quant}.gguf"
     fused = fused_path_for(gguf)
@@ -371,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--work", default="gpu-check-work", help="folder for the model (reused between runs)"
     )
-    ap.add_argument("--shape", choices=sorted(gpu_model.SHAPES), default="8b")
+    ap.add_argument("--shape", choices=sorted(random_quant.SHAPES), default="8b")
     ap.add_argument("--quant", choices=["Q4_K_M", "Q4_0"], default="Q4_K_M")
     ap.add_argument("--gpu-layers", type=int, default=-1)
     ap.add_argument("--bare-steps", type=int, default=200)

@@ -21,45 +21,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import re
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import soundfile as sf
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ws_ttfa import start_server  # noqa: E402
-
-MAX_VOICE_BYTES = 16 << 20  # the server's upload cap
-
-
-def flac_bomb(size: int, known_length: bool = True) -> bytes:
-    """A FLAC file of at most ``size`` bytes: a constant 48 kHz stereo signal, the frames of
-    its 20 minutes repeated (about 25 hours in 16 MiB, tens of GB decoded). Without
-    ``known_length`` its header gives no length, as a streamed FLAC's does."""
-    buf = io.BytesIO()
-    with sf.SoundFile(buf, "w", 48000, 2, format="FLAC", subtype="PCM_16") as f:
-        block = np.full((48000 * 10, 2), 0.25, np.float32)
-        for _ in range(6 * 20):
-            f.write(block)
-    data = buf.getvalue()
-    pos = 4  # after "fLaC": the metadata blocks, the last one flagged
-    while True:
-        last, length = data[pos] & 0x80, int.from_bytes(data[pos + 1 : pos + 4], "big")
-        pos += 4 + length
-        if last:
-            break
-    frames = data[pos:]
-    bomb = bytearray(data[:pos] + frames * max(1, (size - pos) // len(frames)))
-    if not known_length:  # STREAMINFO's 36-bit total-samples field = 0: unknown
-        bomb[8 + 13] &= 0xF0
-        bomb[8 + 14 : 8 + 18] = bytes(4)
-    return bytes(bomb)
+from _common import MAX_VOICE_BYTES, flac_bomb, peak_rss_during, proc_status_mib, start_server
 
 
 def wav_clip(seconds: float = 29.0) -> bytes:
@@ -68,22 +36,6 @@ def wav_clip(seconds: float = 29.0) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, np.stack([x, x], axis=1), 48000, format="WAV", subtype="PCM_16")
     return buf.getvalue()
-
-
-def proc_status_mib(pid: int, key: str) -> float:
-    text = Path(f"/proc/{pid}/status").read_text()
-    m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
-    if m is None:
-        raise RuntimeError(f"no {key} in /proc/{pid}/status")
-    return int(m.group(1)) / 1024
-
-
-def peak_rss_during(pid: int, action: Callable[[], Any]) -> tuple[float, float, Any]:
-    """(RSS before, peak RSS while ``action()`` ran, its result), in MiB (Linux)."""
-    idle = proc_status_mib(pid, "VmRSS")
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    result = action()
-    return idle, proc_status_mib(pid, "VmHWM"), result
 
 
 def main() -> int:

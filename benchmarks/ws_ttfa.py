@@ -20,57 +20,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import websockets
+from _common import start_server
 
 TEXT = "Hello there, this is a latency test."
 SESSION_TEXT = (
     "The first sentence of this session is here. A second sentence follows right after it. "
     "And the third sentence ends the test."
 )
-
-
-def start_server(args: list[str]) -> tuple[subprocess.Popen[bytes], int, Path]:
-    log = Path(tempfile.mkstemp(prefix="streamtts-bench-", suffix=".log")[1])
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamtts.cli.main",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        *args,
-    ]
-    with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    port = 0
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited:\n{log.read_text()}")
-        if not port and (m := re.search(r"serving on http://127\.0\.0\.1:(\d+)", log.read_text())):
-            port = int(m.group(1))
-        if port:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return proc, port, log
-            except OSError:
-                pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server not ready:\n{log.read_text()}")
 
 
 async def ws_once(url: str, text: str, seed: int) -> tuple[float, float]:

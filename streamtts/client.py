@@ -173,11 +173,15 @@ class ClientSession:
             return
         if isinstance(ev, Error):
             self.errors.append(ev)
-            if ev.fatal:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._ws.wait_closed(), 2.0)
+            await self._await_close_after(ev)
             raise ServerError(ev.code, ev.message, self._ws.close_code)
         raise ServerError("protocol_error", f"expected `ready`, got {msg!r:.80}")
+
+    async def _await_close_after(self, ev: Error) -> None:
+        """The close frame follows a fatal error at once: wait for it, to report its code too."""
+        if ev.fatal:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._ws.wait_closed(), 2.0)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
@@ -208,9 +212,7 @@ class ClientSession:
                 elif isinstance(ev, Error):
                     self.errors.append(ev)
                     if ev.fatal:
-                        # The close frame follows at once: wait for it, to report its code too.
-                        with contextlib.suppress(Exception):
-                            await asyncio.wait_for(self._ws.wait_closed(), 2.0)
+                        await self._await_close_after(ev)
                         raise ServerError(ev.code, ev.message, self._ws.close_code)
                     log.warning("server: %s: %s", ev.code, ev.message)
                     yield ev

@@ -21,8 +21,9 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Per-request sampling. Temperature 0 means greedy (argmax, first index on ties)."""
+class _SamplingKeys(msgspec.Struct, kw_only=True):
+    """The sampling keys and their defaults (the official config's): the fields of
+    :class:`SamplingParams` and the sampling part of :class:`EngineConfig`."""
 
     text_temperature: float = 1.5
     text_top_p: float = 1.0
@@ -31,6 +32,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     audio_top_p: float = 0.8
     audio_top_k: int = 25
     audio_repetition_penalty: float = 1.0
+
+
+# msgspec freezes a subclass of a mutable Struct (assignments raise); mypy's dataclass rule is stricter
+class SamplingParams(_SamplingKeys, frozen=True, kw_only=True, forbid_unknown_fields=True):  # type: ignore[misc]
+    """Per-request sampling. Temperature 0 means greedy (argmax, first index on ties)."""
 
     def validate(self) -> SamplingParams:
         for name in ("text_temperature", "audio_temperature"):
@@ -70,7 +76,7 @@ PATH_KEYS = (
 )
 
 
-class EngineConfig(msgspec.Struct, kw_only=True):
+class EngineConfig(_SamplingKeys, kw_only=True):
     # ---- official keys (MOSS-TTS llama.cpp configs) ----
     backbone_gguf: str = ""
     embedding_dir: str = ""
@@ -92,13 +98,7 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     kv_cache_type_k: str = "f16"
     kv_cache_type_v: str = "f16"
     flash_attn: str | bool = "auto"
-    text_temperature: float = 1.5
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 1.7
-    audio_top_p: float = 0.8
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.0
+    # and the sampling keys (text_temperature ... audio_repetition_penalty, _SamplingKeys)
 
     # ---- streamtts keys ----
     model_config_json: str = ""  # token ids; default: config.json next to the GGUF/tokenizer

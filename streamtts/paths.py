@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,3 +40,16 @@ def gguf_writer_at(path: str | os.PathLike[str], arch: str) -> Iterator[Any]:
         w.close()
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def quiet_gguf() -> Iterator[None]:
+    """The gguf package logs every file it opens or writes at INFO: noise next to our own
+    progress lines, so it is held at WARNING inside the block."""
+    logger = logging.getLogger("gguf")
+    old = logger.level
+    logger.setLevel(max(old, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(old)

@@ -235,35 +235,9 @@ class ServerProcess:
 
 def start_server(args: list[str], log_path: Path, timeout: float = 180.0) -> ServerProcess:
     """Start ``streamtts serve --port 0 ARGS``; return once /healthz says ready."""
-    import re
-    import subprocess
-    import sys
-    import time
+    from benchmarks._common import start_server as start  # the benchmarks' (imports the server)
 
-    cmd = [sys.executable, "-m", "streamtts.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", *args]
-    log = log_path.open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    deadline = time.monotonic() + timeout
-    port = 0
-    srv: ServerProcess | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}")
-        if not port:
-            m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", log_path.read_text(errors="replace"))
-            if m:
-                port = int(m.group(1))
-                srv = ServerProcess(proc, port, log_path)
-        if srv is not None:
-            try:
-                if srv.get("/healthz")[0] == 200:
-                    return srv
-            except OSError:
-                pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"server not ready after {timeout} s:\n{log_path.read_text(errors='replace')}")
+    return ServerProcess(*start(args, log_path, timeout))
 
 
 def stop_server(srv: ServerProcess) -> None:

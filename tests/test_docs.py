@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -241,12 +241,6 @@ def block_env(port: int) -> dict[str, str]:
     if not has_output_device():
         env["STREAMTTS_OUTPUT_DEVICE"] = "null"  # documented: plays at a listener's pace to nowhere
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def has_output_device() -> bool:

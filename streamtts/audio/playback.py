@@ -24,8 +24,7 @@ Data path::
 * Headless tests run the same Player / ring / callback through :class:`ClockedOutputStream`, a
   stand-in for the sound card clocked in real time (``stream_factory`` seam).
 
-``sounddevice`` is imported lazily: it raises ``OSError`` at import when the PortAudio library is
-missing, which becomes a :class:`PlaybackError` with a hint instead of a traceback.
+Opening the device (and importing ``sounddevice``, lazily) is :mod:`streamtts.audio.devices`'s.
 """
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from ..constants import CODEC_DECODER_PREFIXES
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, DownloadError, ModelFileError, StreamTTSError
+from .config_file import config_yaml, gguf_file_name
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,10 @@ CONFIG_NAME = "streamtts.yaml"
 QUANTS = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 
 
-def gguf_name(quant: str) -> str:
-    return f"MOSS_TTS_{quant}.gguf"
-
-
 def gguf_patterns(quant: str, *, text_head: bool = True) -> list[str]:
     """Files of the GGUF repo for one quant (the other quants are several GB each)."""
     pats = [
-        gguf_name(quant),
+        gguf_file_name(quant),
         "embeddings/*.npy",
         "lm_heads/lm_head_audio_*.npy",
         "tokenizer/*",
@@ -310,7 +307,7 @@ def check_layout(
     except ModelFileError as exc:
         rep.add(cfg_json, str(exc))
         ids = TokenIds()
-    h = _check_gguf(rep, gg / gguf_name(quant))
+    h = _check_gguf(rep, gg / gguf_file_name(quant))
     h_emb = _check_npy(rep, gg / "embeddings" / "embed_tokens.npy", None, h or None)
     h = h or h_emb
     rep.n_embd = h
@@ -330,7 +327,7 @@ def check_layout(
 
 # -- config -------------------------------------------------------------------------------
 
-_CONFIG = """\
+_CONFIG_HEAD = """\
 # streamtts config written by `streamtts download` for the {quant} backbone.
 # Paths are relative to this file's folder. See configs/default.yaml for every key.
 backbone_gguf: {gg}/{gguf}
@@ -340,14 +337,6 @@ tokenizer_dir: {gg}/tokenizer
 audio_backend: onnx            # trt after `streamtts build-engine` (set audio_decoder_trt)
 audio_encoder_onnx: {codec}/encoder.onnx
 audio_decoder_onnx: {codec}/decoder.onnx
-use_gpu_audio: {gpu}
-heads_backend: auto            # fused heads when {gg}/{fused} exists (`streamtts convert`)
-{fused_line}n_gpu_layers: {ngl}
-n_ctx: 4096
-n_batch: 512
-flash_attn: auto
-max_new_tokens: 3072
-max_streams: {streams}
 """
 
 
@@ -357,21 +346,12 @@ def write_config(
     base = Path(root)
     from ..model.fused import fused_path_for
 
-    fused_name = fused_path_for(gguf_name(quant)).name
-    fused_line = ""
-    if fused is not None:
-        rel = os.path.relpath(fused, base)
-        fused_line = f"fused_gguf: {rel}\n"
-    text = _CONFIG.format(
-        quant=quant,
-        gg=GGUF_DIR,
-        gguf=gguf_name(quant),
-        codec=CODEC_DIR,
-        gpu="true" if gpu else "false",
-        fused=fused_name,
-        fused_line=fused_line,
-        ngl=-1 if gpu else 0,
-        streams=16 if gpu else 1,
+    fused_name = fused_path_for(gguf_file_name(quant)).name
+    text = config_yaml(
+        _CONFIG_HEAD.format(quant=quant, gg=GGUF_DIR, gguf=gguf_file_name(quant), codec=CODEC_DIR),
+        gpu=gpu,
+        fused_gguf=None if fused is None else os.path.relpath(fused, base),
+        heads_note=f"            # fused heads when {GGUF_DIR}/{fused_name} exists (`streamtts convert`)",
     )
     out = base / CONFIG_NAME
     tmp = out.with_name(f".{out.name}.tmp")
@@ -476,7 +456,7 @@ def download(
     if fuse:
         from .fused_writer import convert
 
-        info = convert(base / GGUF_DIR / gguf_name(quant), base / GGUF_DIR / "lm_heads")
+        info = convert(base / GGUF_DIR / gguf_file_name(quant), base / GGUF_DIR / "lm_heads")
         fused_path = Path(info.path)
     cfg = write_config(base, quant, gpu=gpu_available() if gpu is None else gpu, fused=fused_path)
     log.info("weights ready in %s; config: %s", base, cfg)

@@ -47,7 +47,8 @@ import numpy as np
 
 from ..checkpoint import Checkpoint
 from ..errors import ModelFileError
-from ..paths import gguf_writer_at
+from ..paths import gguf_writer_at, quiet_gguf
+from .config_file import config_yaml, gguf_file_name
 from .hf_source import (
     MossConfig,
     check_tensors,
@@ -77,10 +78,6 @@ HUB_META_PATTERNS = ["config.json", "model.safetensors.index.json", *TOKENIZER_F
 HUB_PATTERNS = [*HUB_META_PATTERNS, "model.safetensors", "model-*.safetensors"]
 
 Progress = Callable[[str, int, int], None]  # (step, done, total), bytes
-
-
-def gguf_file_name(quant: str) -> str:
-    return f"MOSS_TTS_{quant}.gguf"
 
 
 def free_bytes(path: Path) -> int:
@@ -326,18 +323,6 @@ def _atomic(dest: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _quiet_gguf() -> Iterator[None]:
-    """The gguf package logs each file it opens at INFO: noise next to our progress bars."""
-    logger = logging.getLogger("gguf")
-    old = logger.level
-    logger.setLevel(max(old, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
-
-
 def _to_f16(a: np.ndarray) -> np.ndarray:
     """float16 as torch's ``.to(float16)`` and llama.cpp's converter round: through float32
     (exact for bf16 and f16), then round to nearest even."""
@@ -410,7 +395,7 @@ class _Writer:
         n_params = sum(int(np.prod(p[2])) for p in plan)
         total = sum(p[5] for p in plan)
         done = 0
-        with _quiet_gguf(), gguf_writer_at(dest, "qwen3") as w:
+        with quiet_gguf(), gguf_writer_at(dest, "qwen3") as w:
             # the converter's key order: type, name, size label, hyper-parameters, file type,
             # quantization version, then the tokenizer
             w.add_type(gguf.GGUFType.MODEL)
@@ -496,7 +481,7 @@ def rich_progress() -> Iterator[Progress]:
 
 # -- config.yaml ---------------------------------------------------------------------------------
 
-_CONFIG_YAML = """\
+_CONFIG_HEAD = """\
 # streamtts config written by `streamtts convert-hf` ({quant} backbone) from
 # {source}
 # Paths are relative to this file's folder. The codec is not converted: put the
@@ -510,28 +495,14 @@ model_config_json: config.json
 audio_backend: onnx
 audio_encoder_onnx: ../MOSS-Audio-Tokenizer-ONNX/encoder.onnx
 audio_decoder_onnx: ../MOSS-Audio-Tokenizer-ONNX/decoder.onnx
-use_gpu_audio: {gpu}
-heads_backend: auto
-{fused_line}n_gpu_layers: {ngl}
-n_ctx: 4096
-n_batch: 512
-flash_attn: auto
-max_new_tokens: 3072
-max_streams: {streams}
 """
 
 
 def _config_yaml(job: _Job, gpu: bool) -> str:
-    fused_line = f"fused_gguf: {_fused_name(job.primary)}\n" if job.fused else ""
-    return _CONFIG_YAML.format(
-        quant=job.primary,
-        source=job.folder.resolve(),
-        gguf=gguf_file_name(job.primary),
-        gpu="true" if gpu else "false",
-        fused_line=fused_line,
-        ngl=-1 if gpu else 0,
-        streams=16 if gpu else 1,
+    head = _CONFIG_HEAD.format(
+        quant=job.primary, source=job.folder.resolve(), gguf=gguf_file_name(job.primary)
     )
+    return config_yaml(head, gpu=gpu, fused_gguf=_fused_name(job.primary) if job.fused else None)
 
 
 # -- the command ---------------------------------------------------------------------------------

@@ -1,1 +1,1 @@
-"""The synthetic demo model: tiny random weights in the exact official layout (real ids and file contracts)."""
+"""Synthetic models in the exact official layout (real ids and file contracts): the tiny demo model, and random quantized ones up to the real size."""

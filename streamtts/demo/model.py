@@ -49,7 +49,7 @@ token is ``<|im_end|>`` (stop) by a wide margin.
 
 The final RMSNorm divides the reserved dims by the residual's RMS, which
 grows with depth; it is measured when the model is written (a NumPy forward
-of the exact weights, ``reference_forward``) and the head rows are scaled by
+of the exact weights, ``numpy_forward``) and the head rows are scaled by
 it, so the margins above hold for every preset.
 
 Everything else is random (layers, other heads, audio embeddings and heads).
@@ -67,17 +67,17 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..convert.qwen3_gguf import Qwen3Shape
 from ..core.tokens import TokenIds
-from ..paths import cache_dir
+from ..paths import cache_dir, quiet_gguf
 from .codec import write_codec
-from .numpy_forward import Qwen3Reference
+from .numpy_forward import Qwen3NumpyForward
 from .tokenizer import write_tokenizer
 
 log = logging.getLogger(__name__)
@@ -94,17 +94,12 @@ DIM_CONST, DIM_COUNT_IN, DIM_COUNTER = 0, 1, 2
 RESERVED_DIMS = (DIM_CONST, DIM_COUNT_IN, DIM_COUNTER)
 
 
-@dataclass(frozen=True)
-class DemoPreset:
-    """Backbone size of a preset (Qwen3 shape)."""
+@dataclass(frozen=True, kw_only=True)
+class DemoPreset(Qwen3Shape):
+    """A preset's backbone: its Qwen3 shape (the text vocabulary Qwen3's), name and matrix type."""
 
+    n_vocab: int = V_TEXT
     name: str
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
     #: GGUF matrix type. Published backbones are quantized (Q4_K_M ... Q8_0): the mid preset is
     #: q4_0 so CPU timings (and how they scale with batch size) resemble a real deployment.
     dtype: str = "f16"
@@ -112,16 +107,16 @@ class DemoPreset:
 
 PRESETS: dict[str, DemoPreset] = {
     # Whole model in ~1 s; the test-suite's model.
-    "tiny": DemoPreset("tiny", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16, n_ff=128),
+    "tiny": DemoPreset(name="tiny", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16, n_ff=128),
     # A backbone step of tens of ms on 2 CPU threads (benchmarks, latency work).
     "mid": DemoPreset(
-        "mid", n_embd=1024, n_layer=24, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072, dtype="q4_0"
+        name="mid", n_embd=1024, n_layer=24, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072, dtype="q4_0"
     ),
     # Narrow and deep like the published backbone's 36 layers, Q8_0 (a published quant): many
     # small kernels per step, so per-operation costs (thread barriers, dispatch) show
     # (issue #16 measures the engine's overhead on it).
     "deep": DemoPreset(
-        "deep", n_embd=512, n_layer=36, n_head=8, n_head_kv=4, head_dim=64, n_ff=1536, dtype="q8_0"
+        name="deep", n_embd=512, n_layer=36, n_head=8, n_head_kv=4, head_dim=64, n_ff=1536, dtype="q8_0"
     ),
 }
 
@@ -171,20 +166,6 @@ class DemoWeights:
     lm_head_text: np.ndarray  # (V_TEXT, H)
     lm_head_audio: list[np.ndarray]  # n_vq x (1025, H)
     final_rms: float  # mean RMS of the final residual over speech rows (see measure_final_rms)
-
-
-def _qwen3_shape(p: DemoPreset) -> Any:
-    from ..convert.qwen3_gguf import Qwen3Shape
-
-    return Qwen3Shape(
-        n_embd=p.n_embd,
-        n_layer=p.n_layer,
-        n_head=p.n_head,
-        n_head_kv=p.n_head_kv,
-        head_dim=p.head_dim,
-        n_ff=p.n_ff,
-        n_vocab=V_TEXT,
-    )
 
 
 def build_embeddings(
@@ -261,7 +242,7 @@ def measure_final_rms(
     RMS, which grows with depth (about 1 for ``tiny``, 2.5 for ``mid``); the
     head weights are scaled by it so the logit margins do not depend on the preset.
     """
-    ref = Qwen3Reference(layers, n_head=p.n_head, n_head_kv=p.n_head_kv, head_dim=p.head_dim)
+    fwd = Qwen3NumpyForward(layers, n_head=p.n_head, n_head_kv=p.n_head_kv, head_dim=p.head_dim)
     rng = _rng(seed, 4)
     pad_sum = np.sum([e[ids.audio_pad_code] for e in emb_ext], axis=0)
     text = [
@@ -270,10 +251,10 @@ def measure_final_rms(
         ids.im_end,
         ids.audio_start,
     ]
-    ref.forward(embed[text] + pad_sum)
+    fwd.forward(embed[text] + pad_sum)
     codes = rng.integers(0, ids.audio_vocab_size, size=(16, ids.n_vq))
     rows = embed[ids.gen_slot] + np.sum([emb_ext[k][codes[:, k]] for k in range(ids.n_vq)], axis=0)
-    h = ref.forward(rows)
+    h = fwd.forward(rows)
     # h[:, 0] = const_value / rms (the output norm weight of dim 0 is 1)
     return float(np.mean(b.const_value / h[:, DIM_CONST]))
 
@@ -313,7 +294,7 @@ def build_weights(
     p = PRESETS[preset] if isinstance(preset, str) else preset
     b = behaviour or DemoBehaviour()
     ids = TokenIds()
-    layers = random_qwen3_tensors(_qwen3_shape(p), seed=seed, init_scale=b.init_scale)
+    layers = random_qwen3_tensors(p, seed=seed, init_scale=b.init_scale)
     layers = {k: np.array(v, dtype=np.float32) for k, v in layers.items()}
     shape_backbone(layers, p)
     # llama.cpp reads the layers as f16: calibrate on the rounded values
@@ -349,7 +330,7 @@ def _model_config(p: DemoPreset, ids: TokenIds) -> dict[str, Any]:
         "vocab_size": V_TEXT,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
-        "max_position_embeddings": _qwen3_shape(p).n_ctx_train,  # the GGUF's training context
+        "max_position_embeddings": p.n_ctx_train,  # the GGUF's training context
     }
     return cfg
 
@@ -383,18 +364,6 @@ audio_top_p: 0.8
 audio_top_k: 25
 audio_repetition_penalty: 1.0
 """
-
-
-@contextlib.contextmanager
-def _quiet_gguf() -> Iterator[None]:
-    """The gguf package logs every file it writes at INFO; that is noise for our users."""
-    logger = logging.getLogger("gguf")
-    old = logger.level
-    logger.setLevel(max(old, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
 
 
 CODECS = ("tones", "real")
@@ -440,10 +409,10 @@ def write_demo_model(
         _save_f16(gg / "lm_heads" / f"lm_head_audio_{k:02d}.npy", t)
     # The GGUF's output layer is the text head: bit-identical to lm_head_text.npy in f16,
     # quantized like the published files otherwise.
-    with _quiet_gguf():
+    with quiet_gguf():
         write_qwen3_gguf(
             gg / GGUF_NAME,
-            _qwen3_shape(p),
+            p,
             w.layers,
             output=w.lm_head_text.astype(np.float16),
             token_embd=None,

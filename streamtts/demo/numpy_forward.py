@@ -24,7 +24,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray
     return out
 
 
-class Qwen3Reference:
+class Qwen3NumpyForward:
     """Incremental forward of one sequence: feed embedding rows, get final hidden states."""
 
     def __init__(

@@ -22,6 +22,7 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,19 +155,24 @@ class SttEmbed(ctypes.Structure):
     ]
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    P = ctypes.POINTER
+def _declarer(lib: ctypes.CDLL, missing: str) -> Callable[[str, object, list[object]], None]:
+    """``fn(name, restype, argtypes)`` declaring one symbol of ``lib``; a symbol it lacks raises
+    :class:`NativeLibraryError` saying ``missing`` (why, and what to do)."""
 
     def fn(name: str, restype: object, argtypes: list[object]) -> None:
         try:
             f = getattr(lib, name)
         except AttributeError as exc:
-            raise NativeLibraryError(
-                f"{lib._name}: missing symbol {name}: the bridge is older than this Python code; "
-                f"rebuild it with `native/build.sh`"
-            ) from exc
+            raise NativeLibraryError(f"{lib._name}: missing symbol {name}: {missing}") from exc
         f.restype = restype
         f.argtypes = argtypes
+
+    return fn
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P = ctypes.POINTER
+    fn = _declarer(lib, "the bridge is older than this Python code; rebuild it with `native/build.sh`")
 
     # void stt_params_default(stt_params *p);
     fn("stt_params_default", None, [P(SttParams)])
@@ -404,16 +410,7 @@ class LlamaModelQuantizeParams(ctypes.Structure):
 
 
 def _declare_llama(lib: ctypes.CDLL) -> None:
-    def fn(name: str, restype: object, argtypes: list[object]) -> None:
-        try:
-            f = getattr(lib, name)
-        except AttributeError as exc:
-            raise NativeLibraryError(
-                f"{lib._name}: missing symbol {name}: not the llama.cpp this streamtts expects; "
-                f"rebuild with `native/build.sh`"
-            ) from exc
-        f.restype = restype
-        f.argtypes = argtypes
+    fn = _declarer(lib, "not the llama.cpp this streamtts expects; rebuild with `native/build.sh`")
 
     # struct llama_model_quantize_params llama_model_quantize_default_params(void);
     fn("llama_model_quantize_default_params", LlamaModelQuantizeParams, [])

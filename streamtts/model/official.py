@@ -1,10 +1,11 @@
 """The official llama.cpp pipeline's generation algorithm, step by step, on our bridge.
 
-The reference that greedy conformance is checked against (``tests/engine/test_engine.py``,
-``benchmarks/greedy_check.py``): the prompt prefilled in one decode (hidden state of its last
-row), then one row per step; text logits from the plain backbone GGUF's output layer, audio
-logits from the stacked NumPy heads (float32), the contract's scalar state machine
-(:func:`~streamtts.core.delay_state.reference_step`). Nothing here is batched or cached: it is slow
+The oracle that greedy conformance is checked against (``tests/engine/test_engine.py``,
+``tests/model/test_fused.py``, ``benchmarks/greedy_check.py``): the prompt prefilled in one
+decode (hidden state of its last row), then one row per step; text logits from the plain
+backbone GGUF's output layer, audio logits from the stacked NumPy heads (float32), the
+contract's scalar state machine (the plain spec,
+:func:`~streamtts.core.delay_state.reference_step`). Nothing here is batched or cached: it is slow
 on purpose, and exactly what the official pipeline computes.
 """
 

@@ -241,10 +241,7 @@ def test_encode_reference_with_the_demo_encoder(demo_model_dir: Path) -> None:
 
 
 def _bomb(known_length: bool) -> bytes:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from upload_bomb_rss import flac_bomb
+    from benchmarks._common import flac_bomb
 
     return bytes(flac_bomb(2 << 20, known_length))  # 2 MiB of FLAC: ~3 hours of 48 kHz stereo
 

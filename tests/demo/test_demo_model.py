@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from streamtts.config import load_config
 from streamtts.core.tokens import TokenIds, load_token_ids
 from streamtts.demo import model as demo
-from streamtts.demo.numpy_forward import Qwen3Reference
+from streamtts.demo.numpy_forward import Qwen3NumpyForward
 from streamtts.demo.tokenizer import AUDIO_TOKEN_NAMES, build_tokenizer
 
 IDS = TokenIds()
@@ -250,9 +250,9 @@ def _embed(w: demo.DemoWeights, row: list[int]) -> np.ndarray:
     return x
 
 
-def _reference(w: demo.DemoWeights) -> Qwen3Reference:
+def _numpy_forward(w: demo.DemoWeights) -> Qwen3NumpyForward:
     p = w.preset
-    return Qwen3Reference(w.layers, n_head=p.n_head, n_head_kv=p.n_head_kv, head_dim=p.head_dim)
+    return Qwen3NumpyForward(w.layers, n_head=p.n_head, n_head_kv=p.n_head_kv, head_dim=p.head_dim)
 
 
 def _greedy_audio_row(w: demo.DemoWeights, h: np.ndarray, text: int, n_codes: int) -> list[int]:
@@ -265,7 +265,7 @@ def _greedy_audio_row(w: demo.DemoWeights, h: np.ndarray, text: int, n_codes: in
 
 # A deeper model than tiny: the final residual's RMS grows with depth, which the head
 # calibration (measure_final_rms) must absorb.
-DEEP = demo.DemoPreset("deep", n_embd=64, n_layer=12, n_head=4, n_head_kv=2, head_dim=16, n_ff=256)
+DEEP = demo.DemoPreset(name="deep", n_embd=64, n_layer=12, n_head=4, n_head_kv=2, head_dim=16, n_ff=256)
 DEEP_B = demo.DemoBehaviour(init_scale=0.1)  # large layer outputs: final RMS ~3
 
 
@@ -289,24 +289,24 @@ def test_greedy_speech_length_follows_the_prompt_and_im_end_follows(
         *range(2000, 2005),
         IDS.audio_start,
     ]
-    ref = _reference(weights)
+    fwd = _numpy_forward(weights)
     pad = [1024] * IDS.n_vq
-    h = ref.forward(np.stack([_embed(weights, [t, *pad]) for t in text_rows]))[-1]
+    h = fwd.forward(np.stack([_embed(weights, [t, *pad]) for t in text_rows]))[-1]
     P = len(text_rows)
     gen, delay = weights.lm_head_text[IDS.gen_slot], weights.lm_head_text[IDS.delay_slot]
     step = 0
     while float(gen @ h) > float(delay @ h):  # greedy: gen slot while it wins
         step += 1
         assert step < 200
-        h = ref.forward(
+        h = fwd.forward(
             _embed(weights, _greedy_audio_row(weights, h, IDS.gen_slot, min(step, IDS.n_vq)))
         )[0]
     expected = P * DEFAULT_RATIO
     assert abs(step - expected) <= 2, (step, expected)
     # After the forced delay slots and <|audio_end|>, <|im_end|> must lead every other token.
     for _ in range(IDS.n_vq):
-        h = ref.forward(_embed(weights, _greedy_audio_row(weights, h, IDS.delay_slot, IDS.n_vq)))[0]
-    h = ref.forward(_embed(weights, [IDS.audio_end, *pad]))[0]
+        h = fwd.forward(_embed(weights, _greedy_audio_row(weights, h, IDS.delay_slot, IDS.n_vq)))[0]
+    h = fwd.forward(_embed(weights, [IDS.audio_end, *pad]))[0]
     logits = weights.lm_head_text @ h
     allowed = np.ones(logits.shape, bool)
     allowed[[IDS.pad, IDS.gen_slot, IDS.delay_slot, IDS.audio_end]] = False
@@ -324,7 +324,7 @@ def test_deep_model_needed_calibration() -> None:
     )  # the test above means something
 
 
-def test_reference_forward_matches_llama_cpp(
+def test_numpy_forward_matches_llama_cpp(
     bridge_lib: object, demo_model_dir: Path, weights: demo.DemoWeights
 ) -> None:
     """The NumPy forward used for calibration computes what llama.cpp computes."""
@@ -335,7 +335,7 @@ def test_reference_forward_matches_llama_cpp(
         [int(t)] + rng.integers(0, 1025, IDS.n_vq).tolist() for t in rng.integers(0, 151000, 12)
     ]
     emb = np.stack([_embed(weights, r) for r in rows]).astype(np.float32)
-    expected = _reference(weights).forward(emb)
+    expected = _numpy_forward(weights).forward(emb)
     bb = Backbone(BackboneParams(model_path=str(demo_model_dir / GG / "MOSS_TTS_Q4_K_M.gguf"),
                                  n_ctx=256, n_batch=64, n_threads=2))  # fmt: skip
     try:

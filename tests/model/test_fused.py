@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -20,6 +21,7 @@ from streamtts.config import SamplingParams, load_config
 from streamtts.convert import fused_writer as fused_convert
 from streamtts.convert.fused_writer import convert
 from streamtts.core.tokens import TokenIds
+from streamtts.demo import random_quant
 from streamtts.errors import ConfigError, ModelFileError
 from streamtts.model import fused
 from streamtts.model.backbone import Backbone, BackboneParams
@@ -33,9 +35,6 @@ from streamtts.model.fused import (
 from streamtts.model.official import official_greedy_frames
 from streamtts.model.tables import AudioHeads, Embedder
 from streamtts.request import StreamOptions
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import gpu_model  # noqa: E402
 
 IDS = TokenIds()
 N_AUDIO = IDS.n_vq * IDS.audio_rows
@@ -72,7 +71,7 @@ def fused_files(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 def quant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Q4_K_M model (Q4_K / Q6_K blocks) of the tiny GPU-check shape."""
     root = tmp_path_factory.mktemp("q4km")
-    gpu_model.write_model(root, gpu_model.SHAPES["tiny"], "Q4_K_M")
+    random_quant.write_model(root, random_quant.SHAPES["tiny"], "Q4_K_M")
     return root
 
 
@@ -343,11 +342,11 @@ def test_fused_columns_validates_loaded_model(
 
 
 def _greedy_codes(
-    cfg: Path, texts: list[str], **kw: Any
+    cfg: Path, texts: list[str], options: StreamOptions = GREEDY, max_streams: int = 2, **kw: Any
 ) -> tuple[list[np.ndarray], dict[str, Any]]:
     async def main() -> tuple[list[np.ndarray], dict[str, Any]]:
-        async with Engine.from_config(cfg, n_threads=1, max_streams=2, **kw) as e:
-            codes = [(await e.generate(t, options=GREEDY)).codes for t in texts]
+        async with Engine.from_config(cfg, n_threads=1, max_streams=max_streams, **kw) as e:
+            codes = [(await e.generate(t, options=options)).codes for t in texts]
             return codes, dict(e.info)
 
     return asyncio.run(main())
@@ -553,12 +552,11 @@ def test_read_only_weights_folder_writes_to_the_cache(
 def test_engine_greedy_codes_equal_official_algorithm_on_a_quantized_model(quant_model: Path) -> None:
     """The default arrangement (text rows only + NumPy heads) on a Q4_K_M model: the codes of
     the official algorithm, frame for frame (f32 audio rows in llama.cpp would not be)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import greedy_check
-
-    cfg_path = str(quant_model / "config.yaml")
+    cfg_path = quant_model / "config.yaml"
     texts = ["Hello there, this is a streaming test.", "Short."]
-    got, info = asyncio.run(greedy_check.engine_frames(cfg_path, texts, 1, 60))
+    # as benchmarks/greedy_check.py runs it: one stream, the prompt fed whole (no prefix cache)
+    options = msgspec.structs.replace(GREEDY, max_new_tokens=60)
+    got, info = _greedy_codes(cfg_path, texts, options, max_streams=1, prefix_cache_mib=0)
     assert info["heads"] == "numpy (text rows only in llama.cpp)"
     cfg = load_config(cfg_path)
     for text, codes in zip(texts, got, strict=True):

@@ -13,11 +13,9 @@ import io
 import json
 import re
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,11 +28,9 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+from benchmarks._common import MAX_VOICE_BYTES, flac_bomb, peak_rss_during
 from streamtts.server.hosts import HostAllowList
 from streamtts.server.logs import RateLimitedLog
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from upload_bomb_rss import MAX_VOICE_BYTES, flac_bomb, peak_rss_during  # noqa: E402
 
 SHORT = "Hello there, this is a short test."
 BASE = ["--max-streams", "4", "--n-threads", "2", "--segment-max-new-tokens", "44"]

@@ -1,4 +1,5 @@
-"""A random MOSS-TTS-shaped model in the official layout, fast, at any size up to the real 8B.
+"""A random MOSS-TTS-shaped model in the official layout, fast, at any size up to the real 8B
+(``benchmarks/gpu_check.py``'s model, and the quantized model of ``tests/model/test_fused.py``).
 
 Why random quant blocks instead of f16 + quantize: the GPU check needs a file
 with exactly the real model's bytes per weight and tensor types (so llama.cpp
@@ -24,11 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from streamtts.convert.qwen3_gguf import Qwen3Shape, add_qwen3_header
-
-ARCH = "qwen3"
-V_TEXT = 151936
-
+from ..convert.config_file import gguf_file_name
+from ..convert.qwen3_gguf import ARCH, Qwen3Shape, add_qwen3_header
+from .model import V_TEXT
 
 Shape = Qwen3Shape
 
@@ -164,9 +163,9 @@ def write_model(
     root: Path, shape: Shape, quant: str = "Q4_K_M", seed: int = 0, *, text_head: bool = False
 ) -> Path:
     """The official layout (contract section 1) with random weights; returns DIR/config.yaml."""
-    from streamtts.core.tokens import TokenIds
-    from streamtts.demo.codec import write_codec
-    from streamtts.demo.tokenizer import write_tokenizer
+    from ..core.tokens import TokenIds
+    from .codec import write_codec
+    from .tokenizer import write_tokenizer
 
     ids = TokenIds()
     gg = root / "MOSS-TTS-GGUF"
@@ -190,7 +189,7 @@ def write_model(
             gg / "lm_heads" / "lm_head_text.npy", (shape.n_vocab, h), rng, 0.5 / np.sqrt(h)
         )
     write_tokenizer(gg / "tokenizer")
-    gguf_path = write_gguf(gg / f"MOSS_TTS_{quant}.gguf", shape, quant, seed)
+    gguf_path = write_gguf(gg / gguf_file_name(quant), shape, quant, seed)
     write_codec(root / "MOSS-Audio-Tokenizer-ONNX")
     cfg = root / "config.yaml"
     cfg.write_text(
