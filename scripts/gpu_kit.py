@@ -3,7 +3,7 @@
 The lent GPU machine has no network and takes at most 64 MiB of files per command, so the
 kit holds only what cannot be made there: a trimmed llama.cpp source (what its CMake reads
 for the CPU and CUDA builds of libllama) and the wheels of the Python packages the run
-imports that the image has not. Models are generated there (benchmarks/gpu_model.py).
+imports that the image has not. Models are generated there (streamtts/demo/random_quant.py).
 
     python3 scripts/gpu_kit.py make DIR       write the kit (needs PyPI; run by --make-kit)
     python3 scripts/gpu_kit.py check DIR      sizes and sha256 against DIR/manifest.json
@@ -46,7 +46,7 @@ SOURCE_NAME = "llama.cpp-src.tar.xz"
 # by the offline rehearsal: its Python hides every package the image has not (`guard`).
 WHEELS = [
     ("msgspec", "typed config and messages (streamtts.config, request, core.tokens)"),
-    ("gguf", "writing the random 8B GGUF and the fused-heads GGUF (gpu_model, fused_convert)"),
+    ("gguf", "writing the random 8B GGUF and the fused-heads GGUF (demo/random_quant, convert/fused_writer)"),
 ]
 # Not carried: soxr and soundfile (imported only to read reference voices and write audio
 # files, which the run does not), the server's websockets/starlette/uvicorn/python-multipart,
