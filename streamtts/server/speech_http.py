@@ -3,8 +3,8 @@
 Accepts OpenAI's request body (``model``, ``input``, ``voice``,
 ``instructions``, ``response_format``, ``speed``, ``stream_format``) plus our
 ``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: every
-one of OpenAI's (``mp3``, the default, ``opus``, ``aac``, ``flac``, ``wav``, ``pcm``)
-streamed as it is produced (openai_formats.py), or any name of
+one of OpenAI's (``mp3``, the default, ``opus``, ``aac``, ``wav``, ``pcm``) streamed as
+it is produced, ``flac`` whole at the end (openai_formats.py), or any name of
 :data:`streamtts.audio.formats.FORMATS`. ``speed`` 0.25 to 4.0 (FFmpeg's ``atempo``).
 ``stream_format: "sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
 ``speech.audio.done``. ``voice``: a name of the config's ``voices:`` table (by default
