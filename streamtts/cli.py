@@ -38,7 +38,9 @@ from .cli_common import (
     check_output_device,
     check_output_file,
     check_reference,
+    check_sampling,
     check_text,
+    check_text_length,
     demo_notice,
     env_device,
     save_instead,
@@ -188,6 +190,8 @@ def _options(args: argparse.Namespace, engine: Any) -> Any:
 
 def _check_request(args: argparse.Namespace) -> None:
     check_config(args)
+    given = {f: (n, getattr(args, n)) for f, _, n, _ in SAMPLING_FLAGS if getattr(args, n) is not None}
+    check_sampling(given)
     check_reference(args.reference)
     if args.tokens is not None and args.max_new_tokens is not None and args.tokens > args.max_new_tokens:
         raise UsageError(f"--tokens {args.tokens} is more than --max-new-tokens {args.max_new_tokens}")
@@ -231,6 +235,7 @@ def _print_profile(engine: Any, stats: Any) -> None:
 # -- synth ---------------------------------------------------------------------------------------
 def _check_synth(args: argparse.Namespace) -> None:
     check_text(args.text, "--text")
+    check_text_length(args.text, "--text")
     check_output_file(args.out, "--out")
     check_output_file(args.codes_out, "--codes-out", audio=False)
     _check_request(args)
@@ -287,6 +292,7 @@ def _check_speak(args: argparse.Namespace) -> None:
         return
     if args.text != "-":
         check_text(args.text, "TEXT")
+        check_text_length(args.text, "TEXT")
     check_output_file(args.save, "--save")
     _check_request(args)
     check_output_device(args.output_device, args.save)
@@ -300,8 +306,9 @@ async def _speak(args: argparse.Namespace) -> int:
         print(list_devices())
         return 0
     text = sys.stdin.read() if args.text == "-" else args.text
-    if args.text == "-":
+    if args.text == "-":  # read now, still before the model loads
         check_text(text, "stdin")
+        check_text_length(text, "stdin")
     engine = _engine(args)
     async with engine:
         opts = _options(args, engine)

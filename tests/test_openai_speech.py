@@ -237,6 +237,9 @@ def test_voice_names_from_the_config(server: Any, client: openai.OpenAI, voice_w
         ({"speed": 0.2}, "invalid_option", "speed"),
         ({"voice": "v_0123456789abcdef01234567"}, "unknown_voice", "voice"),
         ({"stream_format": "chunks"}, "invalid_request", "stream_format"),
+        ({"sampling": {"audio_temperature": -1}}, "invalid_option", "sampling.audio_temperature"),
+        ({"sampling": {"text_top_p": 1.5}}, "invalid_option", "sampling.text_top_p"),
+        ({"input": "Hello there. " * 16000}, "text_too_long", "input"),  # over --max-session-chars
     ],
 )
 def test_bad_requests_are_400_with_their_code(server: Any, body: dict[str, Any], code: str, param: str) -> None:
@@ -244,6 +247,9 @@ def test_bad_requests_are_400_with_their_code(server: Any, body: dict[str, Any],
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == code and err["param"] == param and err["message"]
+    assert param.split(".")[-1] in err["message"] or code == "text_too_long"
+    if code == "text_too_long":  # and what to do about it
+        assert "split it into several requests" in err["message"]
     # the server goes on serving
     ok = httpx.post(server.http + "/v1/audio/speech", json={"input": "Fine.", "response_format": "pcm"}, timeout=120)
     assert ok.status_code == 200 and len(ok.content) > 0

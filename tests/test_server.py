@@ -409,6 +409,16 @@ def test_bad_start_then_retry(server: Any) -> None:
     assert [e["code"] for e in r.errors] == ["invalid_format"]
 
 
+@pytest.mark.parametrize(
+    "sampling,field",
+    [({"audio_temperature": -1}, "audio_temperature"), ({"audio_top_p": 1.5}, "audio_top_p")],
+)
+def test_bad_sampling_in_start_names_the_field(server: Any, sampling: dict[str, Any], field: str) -> None:
+    r = bad_then_good(server, {"type": "start", "sampling": sampling})
+    assert [e["code"] for e in r.errors] == ["invalid_option"]
+    assert r.errors[0]["message"].startswith(f"sampling.{field} must be"), r.errors
+
+
 def test_idle_session_is_closed(server: Any) -> None:
     t0 = time.monotonic()
     r = asyncio.run(talk(server.ws, [{"type": "start"}], timeout=20))

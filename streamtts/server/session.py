@@ -49,6 +49,7 @@ from ..config import SamplingParams
 from ..constants import FRAME_RATE
 from ..errors import (
     ConfigError,
+    SamplingError,
     VoiceStoreUnavailableError,
 )
 from ..request import StreamOptions, StreamStats, Voice
@@ -678,6 +679,9 @@ class Session:
             ).validate()
             sampling = msg.sampling.validate() if msg.sampling is not None else None
             options = self._options(msg, sampling)
+        except SamplingError as exc:  # named as the client wrote it, inside `sampling`
+            self._error(ErrorCode.INVALID_OPTION, f"sampling.{exc}")
+            return False
         except (ValueError, ConfigError) as exc:
             self._error(ErrorCode.INVALID_OPTION, str(exc))
             return False
