@@ -16,7 +16,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, SamplingError
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +42,23 @@ class SamplingParams(_SamplingKeys, frozen=True, kw_only=True, forbid_unknown_fi
         for name in ("text_temperature", "audio_temperature"):
             v = getattr(self, name)
             if not (v >= 0.0) or v != v or v == float("inf"):
-                raise ConfigError(f"{name} must be a finite number >= 0 (0 = greedy), got {v!r}")
+                raise SamplingError(
+                    name, f"{name} must be a finite number >= 0 (0 = greedy), got {v!r}"
+                )
         for name in ("text_top_p", "audio_top_p"):
             v = getattr(self, name)
             if not (0.0 < v <= 1.0):
-                raise ConfigError(f"{name} must be in (0, 1], got {v!r}")
+                raise SamplingError(name, f"{name} must be in (0, 1], got {v!r}")
         for name in ("text_top_k", "audio_top_k"):
             v = getattr(self, name)
             if v < 0:
-                raise ConfigError(f"{name} must be >= 0 (0 = no top-k), got {v!r}")
+                raise SamplingError(name, f"{name} must be >= 0 (0 = no top-k), got {v!r}")
         p = self.audio_repetition_penalty
         if not (p > 0.0) or p == float("inf"):
-            raise ConfigError(f"audio_repetition_penalty must be > 0 (1.0 = off), got {p!r}")
+            raise SamplingError(
+                "audio_repetition_penalty",
+                f"audio_repetition_penalty must be > 0 (1.0 = off), got {p!r}",
+            )
         return self
 
     @classmethod

@@ -14,3 +14,6 @@ N_VQ = 32  # codebooks per frame
 AUDIO_VOCAB = 1024  # codes per codebook; code 1024 is the pad code
 # names of the tensors a MOSS-Audio-Tokenizer checkpoint's decoder is built from
 CODEC_DECODER_PREFIXES = ("decoder.", "quantizer.")
+# characters of text one Engine.stream request (synth, speak) takes; the server cuts its text
+# into segments first, so its own limits (docs/protocol.md) are the ones its clients meet
+MAX_TEXT_CHARS = 20_000

@@ -42,6 +42,15 @@ class ConfigError(StreamTTSError, ValueError):
     """A configuration value is missing, of the wrong type, or out of range."""
 
 
+class SamplingError(ConfigError):
+    """A sampling value out of range; ``field`` names it (so a CLI can name its flag and an
+    HTTP error its ``param``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ModelFileError(ConfigError):
     """A model file is missing or malformed.
 

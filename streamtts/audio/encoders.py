@@ -3,11 +3,14 @@ streamed chunk by chunk through FFmpeg's libraries (PyAV): no encoder of ours.
 
 :class:`ContainerEncoder` takes the engine's float32 24 kHz chunks as they come and returns
 the container's bytes as soon as the codec has produced them (a few codec frames of delay:
-mp3 and AAC hold about 50 ms, Opus 20 ms; WAV and FLAC none beyond FLAC's block). The muxer
-writes to a non-seekable sink, so every container is the streaming variant of its format:
-WAV with sizes 0xFFFFFFFF, FLAC without a total length, Ogg pages flushed every packet,
-ADTS AAC, MP3 with an ID3 tag and no seek table. :meth:`ContainerEncoder.flush` drains the
-codec and ends the container.
+mp3 and AAC hold about 50 ms, Opus 20 ms; WAV none). The muxer writes to a non-seekable
+sink, so these containers are the streaming variant of their format: WAV with sizes
+0xFFFFFFFF, Ogg pages flushed every packet, ADTS AAC, MP3 with an ID3 tag and no seek
+table. FLAC is the exception (``whole``): a streamed FLAC states no length in its
+STREAMINFO, which FFmpeg accepts but libsndfile (soundfile) cannot read (it takes the length
+as 2**63 and fails to allocate it), so FLAC is muxed into a seekable buffer and comes out
+whole from :meth:`ContainerEncoder.flush`, with its true length and MD5 written back by
+FFmpeg. :meth:`ContainerEncoder.flush` drains the codec and ends the container.
 
 :class:`TimeStretch` changes the tempo without changing the pitch with FFmpeg's ``atempo``
 filter (WSOLA), also streaming; OpenAI's ``speed`` range 0.25 to 4.0 is two chained filters
@@ -19,6 +22,7 @@ calls them in a worker thread (``asyncio.to_thread``), one call at a time per st
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -55,6 +59,7 @@ class ContainerFormat:
     sample_rate: int  # what a decoder of the stream outputs
     bit_rate: int | None = None
     s16: bool = False  # fed our 16-bit samples (WAV/FLAC: the same samples as `pcm`)
+    whole: bool = False  # bytes only at the end: the header states the length (FLAC)
 
 
 CONTAINER_FORMATS: dict[str, ContainerFormat] = {
@@ -64,7 +69,7 @@ CONTAINER_FORMATS: dict[str, ContainerFormat] = {
         # Opus runs at 24 kHz inside; its decoders always output 48 kHz
         ContainerFormat("opus", "ogg", "libopus", "audio/ogg", 48_000, 32_000),
         ContainerFormat("aac", "adts", "aac", "audio/aac", SAMPLE_RATE, 64_000),
-        ContainerFormat("flac", "flac", "flac", "audio/flac", SAMPLE_RATE, s16=True),
+        ContainerFormat("flac", "flac", "flac", "audio/flac", SAMPLE_RATE, s16=True, whole=True),
         ContainerFormat("wav", "wav", "pcm_s16le", "audio/wav", SAMPLE_RATE, s16=True),
     )
 }
@@ -98,14 +103,26 @@ class _Sink:
         return out
 
 
+class _WholeSink(io.BytesIO):
+    """A seekable output (the muxer writes the header back at the end); taken only once done."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def take(self) -> bytes:
+        return self.getvalue() if self.done else b""
+
+
 class ContainerEncoder:
-    """float32 mono chunks at ``input_rate`` -> the bytes of ``fmt``'s container, streamed."""
+    """float32 mono chunks at ``input_rate`` -> the bytes of ``fmt``'s container, streamed
+    (a ``whole`` format: all of them from :meth:`flush`)."""
 
     def __init__(self, fmt: ContainerFormat | str, input_rate: int = SAMPLE_RATE) -> None:
         av = _av()
         self.format = CONTAINER_FORMATS[fmt] if isinstance(fmt, str) else fmt
         self.input_rate = input_rate
-        self._sink = _Sink()
+        self._sink: _Sink | _WholeSink = _WholeSink() if self.format.whole else _Sink()
         options = {"fflags": "+bitexact", "flush_packets": "1"}
         if self.format.container == "ogg":
             options["page_duration"] = "20000"  # µs: a page per packet, not one per second
@@ -148,6 +165,8 @@ class ContainerEncoder:
         for packet in self._stream.encode(None):
             self._container.mux(packet)
         self._container.close()
+        if isinstance(self._sink, _WholeSink):
+            self._sink.done = True
         return self._sink.take()
 
     def close(self) -> None:

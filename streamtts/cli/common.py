@@ -32,6 +32,34 @@ def check_text(text: str, flag: str) -> None:
         raise UsageError(f"{flag} {text.strip()[:40]!r} has nothing to say (no letters or digits)")
 
 
+def check_text_length(text: str, flag: str) -> None:
+    """At most what one engine request takes (``MAX_TEXT_CHARS``), said before loading."""
+    from ..constants import MAX_TEXT_CHARS
+
+    if len(text) > MAX_TEXT_CHARS:
+        raise UsageError(
+            f"{flag} is {len(text)} characters; synth and speak take at most {MAX_TEXT_CHARS} "
+            "per run: split the text and run once per part, or stream it through a server "
+            "(`streamtts serve`, then `streamtts say - < text.txt`, which sends it line by "
+            "line: lines of up to 10 000 characters, 200 000 in all by default)"
+        )
+
+
+def check_sampling(values: dict[str, tuple[str, Any]]) -> None:
+    """Each sampling flag given (flag -> (field, value)) is in range, by the rules of
+    ``SamplingParams.validate``; the error names the flag."""
+    import msgspec
+
+    from ..config import SamplingParams
+    from ..errors import SamplingError
+
+    for flag, (name, value) in values.items():
+        try:
+            msgspec.structs.replace(SamplingParams(), **{name: value}).validate()
+        except SamplingError as exc:
+            raise UsageError(str(exc).replace(exc.field, flag, 1)) from exc
+
+
 def check_input_file(path: str | None, flag: str) -> None:
     if path is None:
         return

@@ -18,7 +18,9 @@ from .common import (
     check_output_device,
     check_output_file,
     check_reference,
+    check_sampling,
     check_text,
+    check_text_length,
     demo_notice,
     env_device,
     positive_int,
@@ -84,6 +86,8 @@ def _options(args: argparse.Namespace, engine: Any) -> Any:
 
 def _check_request(args: argparse.Namespace) -> None:
     check_config(args)
+    given = {f: (n, getattr(args, n)) for f, _, n, _ in SAMPLING_FLAGS if getattr(args, n) is not None}
+    check_sampling(given)
     check_reference(args.reference)
     if args.tokens is not None and args.max_new_tokens is not None and args.tokens > args.max_new_tokens:
         raise UsageError(f"--tokens {args.tokens} is more than --max-new-tokens {args.max_new_tokens}")
@@ -127,6 +131,7 @@ def _print_profile(engine: Any, stats: Any) -> None:
 # -- synth ---------------------------------------------------------------------------------------
 def _check_synth(args: argparse.Namespace) -> None:
     check_text(args.text, "--text")
+    check_text_length(args.text, "--text")
     check_output_file(args.out, "--out")
     check_output_file(args.codes_out, "--codes-out", audio=False)
     _check_request(args)
@@ -183,6 +188,7 @@ def _check_speak(args: argparse.Namespace) -> None:
         return
     if args.text != "-":
         check_text(args.text, "TEXT")
+        check_text_length(args.text, "TEXT")
     check_output_file(args.save, "--save")
     _check_request(args)
     check_output_device(args.output_device, args.save)
@@ -196,8 +202,9 @@ async def _speak(args: argparse.Namespace) -> int:
         print(list_devices())
         return 0
     text = sys.stdin.read() if args.text == "-" else args.text
-    if args.text == "-":
+    if args.text == "-":  # read now, still before the model loads
         check_text(text, "stdin")
+        check_text_length(text, "stdin")
     engine = _engine(args)
     async with engine:
         opts = _options(args, engine)

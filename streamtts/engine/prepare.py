@@ -21,7 +21,7 @@ import numpy as np
 from ..audio.reference import encode_reference, load_reference
 from ..codec import AudioEncoder
 from ..config import EngineConfig
-from ..constants import FRAME_S
+from ..constants import FRAME_S, MAX_TEXT_CHARS
 from ..core.prompt import PromptSpec, TextTokenizer, build_prompt_ex
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
@@ -33,7 +33,6 @@ from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
 
-MAX_TEXT_CHARS = 20000
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +109,11 @@ class Preparer:
         if not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}")
         if len(text) > MAX_TEXT_CHARS:
-            raise InputError(f"text is {len(text)} characters; the limit per request is {MAX_TEXT_CHARS}")
+            raise InputError(
+                f"text is {len(text)} characters; the limit per request is {MAX_TEXT_CHARS}: split "
+                "it into several requests, or send it to `streamtts serve` (its WebSocket and "
+                "POST /v1/audio/speech cut text into segments and take more)"
+            )
         normalize = self.cfg.normalize_text if options.normalize is None else options.normalize
         clean = normalize_text(text) if normalize else text
         if not clean.strip():

@@ -4,8 +4,10 @@
 
 * ``pcm``: raw 24 kHz 16-bit little-endian samples (``audio/pcm``), and any raw format name
   of :data:`streamtts.audio.formats.FORMATS` (``pcm_s16le_16000``, ``ulaw_8000``, ...);
-* ``wav``, ``mp3``, ``opus`` (in Ogg), ``aac`` (ADTS), ``flac``: the streaming variant of
-  each container, encoded by FFmpeg through PyAV (:mod:`streamtts.audio.encoders`).
+* ``wav``, ``mp3``, ``opus`` (in Ogg), ``aac`` (ADTS): the streaming variant of each
+  container, encoded by FFmpeg through PyAV (:mod:`streamtts.audio.encoders`);
+* ``flac``: encoded as it comes but sent whole at the end, its STREAMINFO stating the true
+  length (a streamed FLAC states none, and libsndfile/soundfile cannot read that).
 
 ``speed`` (0.25 to 4.0, OpenAI's range) stretches the tempo with FFmpeg's ``atempo``
 (pitch kept); 1.0 leaves the samples untouched. With ``stream_format: "sse"`` the events

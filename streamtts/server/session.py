@@ -14,7 +14,8 @@ States::
       \\______ cancel / fatal error / first-message or idle timeout / slow client ______/
 
 A refused `start` (or a message that may have been one: unreadable, too large)
-leaves the session idle until a corrected `start`; text before that is refused.
+leaves the session idle until a corrected `start`; text before that is refused, and `end`
+ends the session at once (`done`, close 1000).
 
 **Contexts.** A session holds independent streams, its *contexts*: the implicit one (messages
 without a ``context_id``) and up to ``max_contexts`` named ones open at once. Each has its own
@@ -48,6 +49,7 @@ from ..config import SamplingParams
 from ..constants import FRAME_RATE
 from ..errors import (
     ConfigError,
+    SamplingError,
     VoiceStoreUnavailableError,
 )
 from ..request import StreamOptions, StreamStats, Voice
@@ -523,6 +525,12 @@ class Session:
         """`end` of the session: every context finishes, then the final `done` and the close."""
         if self.state in ("ended", "closed"):
             return
+        if self.state == "idle" and self._start_refused:
+            # nothing started, so nothing to finish: `done` and the close now (not `not_started`,
+            # which left a client that gave up on its `start` waiting for a close)
+            self.state = "ended"
+            self._maybe_finish()
+            return
         if self.state == "idle" and not self._implicit_start():
             return
         self.state = "ended"
@@ -671,6 +679,9 @@ class Session:
             ).validate()
             sampling = msg.sampling.validate() if msg.sampling is not None else None
             options = self._options(msg, sampling)
+        except SamplingError as exc:  # named as the client wrote it, inside `sampling`
+            self._error(ErrorCode.INVALID_OPTION, f"sampling.{exc}")
+            return False
         except (ValueError, ConfigError) as exc:
             self._error(ErrorCode.INVALID_OPTION, str(exc))
             return False

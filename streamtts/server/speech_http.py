@@ -3,8 +3,8 @@
 Accepts OpenAI's request body (``model``, ``input``, ``voice``,
 ``instructions``, ``response_format``, ``speed``, ``stream_format``) plus our
 ``seed``, ``language``, ``sampling`` and ``max_new_tokens``. ``response_format``: every
-one of OpenAI's (``mp3``, the default, ``opus``, ``aac``, ``flac``, ``wav``, ``pcm``)
-streamed as it is produced (openai_formats.py), or any name of
+one of OpenAI's (``mp3``, the default, ``opus``, ``aac``, ``wav``, ``pcm``) streamed as
+it is produced, ``flac`` whole at the end (openai_formats.py), or any name of
 :data:`streamtts.audio.formats.FORMATS`. ``speed`` 0.25 to 4.0 (FFmpeg's ``atempo``).
 ``stream_format: "sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
 ``speech.audio.done``. ``voice``: a name of the config's ``voices:`` table (by default
@@ -41,7 +41,7 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
-from ..errors import VoiceStoreUnavailableError
+from ..errors import SamplingError, VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
 from .app_state import ServerState
@@ -176,7 +176,9 @@ async def speech_endpoint(request: Request) -> Response:
         return error_response(
             400,
             ErrorCode.TEXT_TOO_LONG,
-            f"input is {len(req.input)} characters; the limit is {limits.max_session_chars}",
+            f"input is {len(req.input)} characters; the limit is {limits.max_session_chars} "
+            "(the server's --max-session-chars): split it into several requests",
+            param="input",
         )
     seg = Segmenter(SegmenterConfig(limits.min_chars, limits.clause_min_chars, limits.max_chars))
     segments = seg.feed(req.input) + seg.flush()
@@ -282,7 +284,12 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
                 ErrorCode.UNKNOWN_VOICE, "voice", state.voice_names.unknown_message(req.voice)
             )
     mnt = request_limits(req.max_new_tokens, req.seed, state.settings.session.max_new_tokens)
-    sampling = req.sampling.validate() if req.sampling is not None else None
+    try:
+        sampling = req.sampling.validate() if req.sampling is not None else None
+    except SamplingError as exc:  # named as the field, not a bare invalid_request
+        raise SpeechRequestError(
+            ErrorCode.INVALID_OPTION, f"sampling.{exc.field}", f"sampling.{exc}"
+        ) from exc
     options = StreamOptions(
         instruction=req.instructions,
         language=req.language,

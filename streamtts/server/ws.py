@@ -249,14 +249,18 @@ class WsConnection:
     async def _receive_loop(self) -> None:
         limits = self.settings.session
         while True:
-            heard = self.session.heard
-            wait = limits.idle_timeout_s if heard else limits.first_message_timeout_s
+            # before the first frame the shorter of the two timeouts applies (an idle timeout
+            # configured below the first-message one must not lose to it)
+            first = not self.session.heard and (
+                limits.first_message_timeout_s <= limits.idle_timeout_s
+            )
+            wait = limits.first_message_timeout_s if first else limits.idle_timeout_s
             try:
                 msg = await asyncio.wait_for(self.ws.receive(), wait)
             except TimeoutError:
                 if self.session.busy or len(self.outbox) or self.session.closed:
                     continue
-                if heard:
+                if not first:
                     self.session.idle_timeout()
                 else:
                     REFUSALS.log("closed WebSocket from %s: silent after connecting", self._client)

@@ -137,3 +137,25 @@ def test_wav_header(encoding: str, subtype: str) -> None:
     # streaming header: unknown length, still readable
     y, sr = sf.read(io.BytesIO(wav_header(24000) + float_to_s16(x).tobytes()), dtype="float32")
     assert sr == 24000 and y.size == x.size
+
+
+def test_flac_comes_whole_with_its_length_for_libsndfile_and_ffmpeg() -> None:
+    """A streamed FLAC states no length, which libsndfile cannot read: the encoder holds the
+    file until flush and FFmpeg writes the true length (and MD5) back into STREAMINFO."""
+    import av
+
+    from streamtts.audio.encoders import ContainerEncoder
+
+    x = tone(24000 * 3 + 123)
+    enc = ContainerEncoder("flac")
+    parts = [enc.encode(x[i : i + 1920]) for i in range(0, x.size, 1920)]
+    assert parts == [b""] * len(parts)  # nothing before the end
+    data = enc.flush()
+    assert enc.flush() == b""
+    want = float_to_s16(x)
+    assert sf.info(io.BytesIO(data)).frames == x.size
+    y, sr = sf.read(io.BytesIO(data), dtype="int16")
+    assert sr == 24000 and np.array_equal(y, want)
+    with av.open(io.BytesIO(data)) as c:
+        z = np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(audio=0)])
+    assert np.array_equal(z, want)

@@ -1,7 +1,8 @@
 """``POST /v1/audio/speech`` through the ``openai`` Python SDK itself, against a real server.
 
-Every ``response_format`` is streamed and decoded back by a kept decoder (FFmpeg through
-PyAV; soundfile for WAV) to the right sample rate and duration (±1 frame of 80 ms: the
+Every ``response_format`` is streamed (FLAC: sent whole at the end) and decoded back by two
+kept decoders, FFmpeg through PyAV and libsndfile through soundfile (where libsndfile reads
+the format: all but AAC), to the right sample rate and duration (±1 frame of 80 ms: the
 lossless ones to the very samples of ``pcm``); SSE events parse; ``speed`` stretches by a
 kept filter; ``instructions`` reach the prompt; voice names come from the config's
 ``voices:`` table; each bad input is a 400 with its own code.
@@ -33,6 +34,10 @@ GREEDY = {"text_temperature": 0.0, "audio_temperature": 0.0}
 TEXT = " ".join(f"Here is sentence number {i}, spoken as its own segment." for i in range(4))
 FRAME = 1920  # samples of one 80 ms frame at 24 kHz
 AAC_PRIMING = 1024  # AAC's encoder priming: ADTS cannot tell a decoder to skip it
+# what libsndfile decodes of ours (the soundfile wheel's has MP3 and Ogg Opus; none has AAC)
+SNDFILE_READS = {"wav", "flac"} | ({"mp3"} & {f.lower() for f in sf.available_formats()}) | (
+    {"opus"} if "OGG" in sf.available_formats() else set()
+)
 
 
 @pytest.fixture(scope="module")
@@ -109,21 +114,28 @@ def decode(data: bytes) -> tuple[np.ndarray, int]:
 def test_every_response_format_decodes_to_the_right_rate_and_duration(
     server: Any, client: openai.OpenAI, reference: np.ndarray, fmt: str, mime: str, rate: int
 ) -> None:
-    data, times, headers = speech(client, server, response_format=fmt)  # streamed
+    # streamed as generated, but FLAC, whose header must state the length (libsndfile needs it)
+    data, times, headers = speech(client, None if fmt == "flac" else server, response_format=fmt)
     assert headers["content-type"] == mime and headers["x-sample-rate"] == str(rate)
-    x, got_rate = decode(data)
+    x, got_rate = decode(data)  # FFmpeg
     assert got_rate == rate
     n = x.size * 24000 // rate  # in 24 kHz samples
     if fmt == "aac":
         n -= AAC_PRIMING
     assert abs(n - reference.size) <= FRAME, f"{fmt}: {n} samples, pcm has {reference.size}"
-    if fmt == "wav":  # lossless: the very samples of `pcm`, as libsndfile reads them
-        y, sr = sf.read(io.BytesIO(data), dtype="int16")
-        assert sr == 24000 and np.array_equal(y, reference)
-    if fmt == "flac":  # (libsndfile wants to seek in a FLAC that states no length: FFmpeg's)
+    if fmt in ("wav", "flac"):  # lossless: the very samples of `pcm`
         with av.open(io.BytesIO(data)) as c:
             y = np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(audio=0)])
         assert y.dtype == np.int16 and np.array_equal(y, reference)
+    if fmt in SNDFILE_READS:  # libsndfile, as `soundfile.read` opens a saved response
+        z, sr = sf.read(io.BytesIO(data), dtype="int16")
+        assert abs(z.size * 24000 // sr - reference.size) <= FRAME, f"{fmt}: {z.size} at {sr} Hz"
+        if fmt in ("wav", "flac"):
+            assert sr == 24000 and np.array_equal(z, reference)
+    else:  # AAC in ADTS: libsndfile has no AAC decoder
+        assert fmt == "aac"
+        with pytest.raises(sf.LibsndfileError):
+            sf.read(io.BytesIO(data))
     print(f"\n{fmt}: {len(data)} bytes in {len(times)} chunks, first after {times[0]:.2f} s of "
           f"{times[-1]:.2f} s, {n - reference.size:+d} samples vs pcm")
 
@@ -225,6 +237,9 @@ def test_voice_names_from_the_config(server: Any, client: openai.OpenAI, voice_w
         ({"speed": 0.2}, "invalid_option", "speed"),
         ({"voice": "v_0123456789abcdef01234567"}, "unknown_voice", "voice"),
         ({"stream_format": "chunks"}, "invalid_request", "stream_format"),
+        ({"sampling": {"audio_temperature": -1}}, "invalid_option", "sampling.audio_temperature"),
+        ({"sampling": {"text_top_p": 1.5}}, "invalid_option", "sampling.text_top_p"),
+        ({"input": "Hello there. " * 16000}, "text_too_long", "input"),  # over --max-session-chars
     ],
 )
 def test_bad_requests_are_400_with_their_code(server: Any, body: dict[str, Any], code: str, param: str) -> None:
@@ -232,6 +247,9 @@ def test_bad_requests_are_400_with_their_code(server: Any, body: dict[str, Any],
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == code and err["param"] == param and err["message"]
+    assert param.split(".")[-1] in err["message"] or code == "text_too_long"
+    if code == "text_too_long":  # and what to do about it
+        assert "split it into several requests" in err["message"]
     # the server goes on serving
     ok = httpx.post(server.http + "/v1/audio/speech", json={"input": "Fine.", "response_format": "pcm"}, timeout=120)
     assert ok.status_code == 200 and len(ok.content) > 0
@@ -246,7 +264,7 @@ def test_sdk_raises_the_400(client: openai.OpenAI) -> None:
 def test_a_client_leaving_mid_stream_frees_the_engine_and_the_encoder(server: Any) -> None:
     """An mp3 response dropped after its first bytes: the generation and the encoder (busy in
     its worker thread) are released, and the server goes on serving."""
-    for fmt in ("mp3", "opus", "aac", "mp3", "flac", "mp3"):  # where the cancel lands varies
+    for fmt in ("mp3", "opus", "aac", "mp3", "wav", "mp3"):  # where the cancel lands varies
         body = {"input": TEXT * 2, "response_format": fmt, "seed": 1}
         with httpx.stream("POST", server.http + "/v1/audio/speech", json=body, timeout=120) as r:
             assert r.status_code == 200

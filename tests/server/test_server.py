@@ -409,11 +409,57 @@ def test_bad_start_then_retry(server: Any) -> None:
     assert [e["code"] for e in r.errors] == ["invalid_format"]
 
 
+@pytest.mark.parametrize(
+    "sampling,field",
+    [({"audio_temperature": -1}, "audio_temperature"), ({"audio_top_p": 1.5}, "audio_top_p")],
+)
+def test_bad_sampling_in_start_names_the_field(server: Any, sampling: dict[str, Any], field: str) -> None:
+    r = bad_then_good(server, {"type": "start", "sampling": sampling})
+    assert [e["code"] for e in r.errors] == ["invalid_option"]
+    assert r.errors[0]["message"].startswith(f"sampling.{field} must be"), r.errors
+
+
 def test_idle_session_is_closed(server: Any) -> None:
     t0 = time.monotonic()
     r = asyncio.run(talk(server.ws, [{"type": "start"}], timeout=20))
     assert [e["code"] for e in r.errors] == ["idle_timeout"] and r.errors[0]["fatal"]
     assert r.close_code == 1008 and 2.5 < time.monotonic() - t0 < 10
+
+
+def test_an_idle_timeout_shorter_than_the_first_message_timeout_applies(server: Any) -> None:
+    """`--idle-timeout 3` below the default 5 s first-message timeout: a client silent from
+    its handshake is closed by the idle timeout, which names its own 3 s."""
+    r = asyncio.run(talk(server.ws, [], timeout=20))
+    assert [e["code"] for e in r.errors] == ["idle_timeout"] and r.errors[0]["fatal"], r.errors
+    assert "no message for 3 s" in r.errors[0]["message"]
+    assert r.close_code == 1008 and r.close_reason == "idle_timeout"
+
+
+def test_end_after_a_refused_start_ends_the_session(server: Any) -> None:
+    """The client gives up on a refused `start`: `end` gets `done` and the close (1000), not
+    `not_started` with the socket left open."""
+    bad = {"type": "start", "format": "mp3"}
+    r = asyncio.run(talk(server.ws, [bad, {"type": "text", "text": SHORT}, {"type": "end"}], timeout=20))
+    assert [e["code"] for e in r.errors] == ["invalid_format", "not_started"], r.errors
+    assert r.done is not None and r.done["reason"] == "end" and r.done["segments"] == 0
+    assert r.close_code == 1000 and r.close_reason == "done" and not r.audio
+
+
+def test_the_client_closing_after_a_refused_start_ends_the_session(server: Any) -> None:
+    """The client closes the socket itself while the session waits for a corrected `start`:
+    the server answers the close (1000, not a dropped connection) and frees the session."""
+
+    async def go() -> tuple[int | None, list[str]]:
+        async with websockets.connect(server.ws, close_timeout=5) as ws:
+            await ws.send(json.dumps({"type": "start", "format": "mp3"}))
+            err = json.loads(await ws.recv())
+            await ws.close()
+        return ws.close_code, [err["code"]]
+
+    code, errors = asyncio.run(go())
+    assert errors == ["invalid_format"] and code == 1000
+    server.wait_idle(timeout=10)
+    assert server.health()["sessions"] == 0
 
 
 # -- cancel, disconnect, slow readers, overload ----------------------------------------------------

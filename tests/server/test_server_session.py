@@ -242,11 +242,25 @@ def test_every_refused_start_leaves_the_session_waiting() -> None:
         assert only_error(send(s, bad))["code"] in (
             ErrorCode.INVALID_MESSAGE, ErrorCode.INVALID_FORMAT, ErrorCode.MESSAGE_TOO_LARGE
         )
-        for msg in ({"type": "text", "text": "Hello there."}, {"type": "flush"}, {"type": "end"}):
+        for msg in ({"type": "text", "text": "Hello there."}, {"type": "flush"}):
             assert only_error(send(s, msg))["code"] == ErrorCode.NOT_STARTED, (bad, msg)
         assert s.state == "idle" and not any(isinstance(a, Configure) for a in s.actions())
         acts = send(s, {"type": "start", "format": "ulaw_8000"})
         assert messages(acts)[0]["format"] == "ulaw_8000"
+
+
+@pytest.mark.parametrize("bad", [{"type": "start", "format": "nope"}, "{oops", "x" * 300])
+def test_end_while_waiting_for_a_corrected_start_ends_the_session(bad: Any) -> None:
+    """The client gives up on its `start`: `end` closes the session cleanly (`done`, 1000)."""
+    s, _ = make(max_message_bytes=200)
+    send(s, bad)
+    send(s, {"type": "text", "text": "Hello there."})  # refused: not started
+    acts = send(s, {"type": "end"})
+    assert [m["type"] for m in messages(acts)] == ["done"]
+    done = messages(acts)[0]
+    assert done["reason"] == "end" and done["segments"] == 0 and done["frames"] == 0
+    assert acts[-1] == Close(CloseCode.NORMAL, "done") and s.closed
+    assert not any(isinstance(a, (Configure, Synthesize)) for a in acts)
 
 
 def test_a_refused_message_after_the_start_changes_nothing() -> None:
