@@ -13,6 +13,8 @@ the codes, so that is an error instead.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -97,6 +99,52 @@ def build_prompt_ex(
     (they would be tokenised as control tokens); :class:`ConfigError` when the
     tokenizer lacks the special ids or does not treat them as single tokens.
     """
+    built = _build(tokenizer, ids, spec, tokenizer.encode, prefix=prefix, count_text=False)
+    return built.rows, built.prefix_rows
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltPrompt:
+    """A prompt and what the engine needs to know about it."""
+
+    rows: np.ndarray  # (S, 1 + n_vq) int64
+    prefix_rows: int  # leading rows that do not depend on the text (0: not asked, or merged)
+    text_rows: int  # rows of the text itself: the prompt's rows less the template's
+
+
+class PromptBuilder:
+    """:func:`build_prompt_ex` for one tokenizer, tokenising each request's text once.
+
+    The template's pieces without the text (the head up to ``- Text:\n``, which depends
+    only on the fields and the voice's length; the closing turn; the marker check) are
+    the same for many requests: each is tokenised once and remembered (the last
+    ``cache_size``), so a request costs one ``encode``, of its whole prompt.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, ids: TokenIds, cache_size: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.ids = ids
+        self._fixed = functools.lru_cache(maxsize=cache_size)(self._encode_fixed)
+
+    def _encode_fixed(self, piece: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(piece))
+
+    def build(self, spec: PromptSpec, *, prefix: bool = False) -> BuiltPrompt:
+        """The prompt for ``spec`` (errors as :func:`build_prompt_ex`); ``text_rows`` always,
+        ``prefix_rows`` with ``prefix``."""
+        return _build(self.tokenizer, self.ids, spec, self._fixed, prefix=prefix, count_text=True)
+
+
+def _build(
+    tokenizer: TextTokenizer,
+    ids: TokenIds,
+    spec: PromptSpec,
+    encode_fixed: Callable[[str], Sequence[int]],
+    *,
+    prefix: bool,
+    count_text: bool,
+) -> BuiltPrompt:
+    """The prompt; ``encode_fixed`` tokenises the pieces that do not hold the text."""
     if not isinstance(spec.text, str) or not spec.text.strip():
         raise InputError("text is empty")
     if spec.tokens is not None and (
@@ -151,9 +199,9 @@ def build_prompt_ex(
         f"- Language:\n{_field(spec.language)}\n"
         f"- Text:\n"
     )
-    full = f"{head}{spec.text}\n</user_inst>{im_end}\n{im_start}assistant\n"
-    text_ids = np.asarray(tokenizer.encode(full), dtype=np.int64)
-    tail = tokenizer.encode(audio_start)
+    turn_end = f"\n</user_inst>{im_end}\n{im_start}assistant\n"
+    text_ids = np.asarray(tokenizer.encode(head + spec.text + turn_end), dtype=np.int64)
+    tail = encode_fixed(audio_start)
     if list(tail) != [ids.audio_start]:
         raise ConfigError(
             f"the tokenizer encodes {audio_start!r} as {list(tail)[:8]}, not the single id "
@@ -168,12 +216,14 @@ def build_prompt_ex(
     if ref is not None:
         first = block + 1
         prompt[first : first + n_slots, 1:] = delay_layout(ref, ids.audio_pad_code)
-    n_prefix = 0
-    if prefix:
-        head_ids = np.asarray(tokenizer.encode(head), dtype=np.int64)
-        if head_ids.size < text_ids.size and np.array_equal(text_ids[: head_ids.size], head_ids):
+    n_prefix = n_text = 0
+    if prefix or count_text:
+        head_ids = np.asarray(encode_fixed(head), dtype=np.int64)
+        if prefix and head_ids.size < text_ids.size and np.array_equal(text_ids[: head_ids.size], head_ids):
             n_prefix = int(head_ids.size)
-    return prompt, n_prefix
+        if count_text:
+            n_text = max(0, int(text_ids.size) - int(head_ids.size) - len(encode_fixed(turn_end)))
+    return BuiltPrompt(prompt, n_prefix, n_text)
 
 
 def _verify(text_ids: np.ndarray, ids: TokenIds, n_slots: int) -> int:

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 # A finished stream's last samples fade out (raised cosine to exactly 0): the codec's waveform
 # stops wherever the last frame leaves it, and a player that stops there clicks. 5 ms is
-# inaudible as a fade (the same as the server's segment joins).
+# inaudible as a fade. This is the only end fade: segmented speech (segmented.py) fades each
+# segment in and relies on this one for its end.
 END_FADE_SAMPLES = 120
 _END_RAMP = (0.5 + 0.5 * np.cos(np.pi * (np.arange(END_FADE_SAMPLES) + 1) / END_FADE_SAMPLES)).astype(np.float32)
 
@@ -336,10 +337,9 @@ class DecodeWorker:
             elif job.error is not None:
                 self.codec.forget(job.rid)
                 job.sink.fail(job.error)
-            elif job.is_last:
+            elif job.is_last and not job.has_audio:  # a last chunk with audio: _decode did it
                 self.codec.forget(job.rid)
-                if job.codes.shape[0] == 0:
-                    job.sink.finish()
+                job.sink.finish()
 
     def _decode(self, jobs: list[DecodeJob]) -> None:
         with self.turns.codec():

@@ -1,9 +1,10 @@
 """``engine.stream()`` for text longer than one generation fits in the context.
 
-The text is cut at sentence/clause boundaries (the server's segmenter) and the
-segments are spoken back to back in one voice (:mod:`streamtts.engine.segmented`),
-pipelined so the next segment generates while the current one plays. To the
-caller it is one stream of :class:`AudioChunk` with continuous frame numbers.
+The preparer cuts the normalised text at sentence/clause boundaries (the server's
+segmenter) and the segments are spoken back to back in one voice
+(:mod:`streamtts.engine.segmented`), pipelined so the next segment generates while the
+current one plays. To the caller it is one stream of :class:`AudioChunk` with
+continuous frame numbers.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
 
-import numpy as np
+import msgspec
 
-from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
-from .segmented import SegmentAudio, SegmentDone, speak_segments
+from ..request import AudioChunk, StreamOptions, StreamStats, Voice
+from .segmented import SegmentAudio, SegmentDone, SegmentEvent, SpeechEngine, speak_segments
 
 
 class LongTextStream:
@@ -24,26 +24,21 @@ class LongTextStream:
 
     :class:`streamtts.engine.AudioStream` delegates to it when the preparer found the
     text too long for one generation; ``stats`` accumulates every segment's numbers.
+    ``segments`` are the text as it is to be spoken (normalised already, when
+    normalisation is on): each segment's request does not normalise it again.
     """
 
     def __init__(
-        self, engine: Any, segments: list[str], reference: ReferenceLike, options: StreamOptions,
-        stats: StreamStats | None = None,
+        self, engine: SpeechEngine, segments: list[str], voice: Voice | None, options: StreamOptions,
+        stats: StreamStats,
     ) -> None:
         self.segments = segments
-        self.stats = stats if stats is not None else StreamStats(t_submit=time.monotonic())
+        self.stats = stats
         self._engine = engine
-        self._n_vq = engine.ids.n_vq
-        self._reference = reference
-        self._options = options
-        self._events: AsyncGenerator[Any, None] | None = None
+        self._voice = voice
+        self._options = msgspec.structs.replace(options, normalize=False)
+        self._events: AsyncGenerator[SegmentEvent, None] | None = None
         self._frames = 0
-
-    async def _start(self) -> AsyncGenerator[Any, None]:
-        ref = self._reference
-        if ref is not None and not isinstance(ref, Voice):  # a clip: encode it once for all segments
-            ref = await self._engine.encode_voice(ref)
-        return speak_segments(self._engine, self.segments, reference=ref, options=self._options)
 
     def __aiter__(self) -> LongTextStream:
         return self
@@ -51,7 +46,9 @@ class LongTextStream:
     async def __anext__(self) -> AudioChunk:
         st = self.stats
         if self._events is None:
-            self._events = await self._start()
+            self._events = speak_segments(
+                self._engine, self.segments, reference=self._voice, options=self._options
+            )
         while True:
             try:
                 ev = await self._events.__anext__()
@@ -61,15 +58,12 @@ class LongTextStream:
             if isinstance(ev, SegmentDone):
                 self._merge(ev.stats)
                 continue
-            assert isinstance(ev, SegmentAudio)
-            if ev.pcm.shape[0] == 0 and ev.frames == 0:
-                continue
+            assert isinstance(ev, SegmentAudio)  # speak_segments raises a failed segment's error
             if not st.t_first_audio:
                 st.t_first_audio = time.monotonic()
-            codes = ev.codes if ev.codes is not None else np.zeros((0, self._n_vq), np.int64)
             first = self._frames
             self._frames += ev.frames
-            return AudioChunk(pcm=ev.pcm, frames=range(first, self._frames), codes=codes, step=-1)
+            return AudioChunk(pcm=ev.pcm, frames=range(first, self._frames), codes=ev.codes, step=-1)
 
     def _merge(self, s: StreamStats) -> None:
         st = self.stats

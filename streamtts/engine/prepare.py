@@ -2,7 +2,9 @@
 
 Runs on a worker thread: text normalisation, tokenising, reference-voice
 encoding and the prompt's summed embeddings, so the engine thread only ever
-sees ready matrices.
+sees ready matrices. Each happens once per request: the text is normalised once
+(a long text's segments are cut from the normalised text and not normalised
+again), and tokenised once, as part of its whole prompt (:class:`PromptBuilder`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..audio.reference import encode_reference, load_reference
 from ..codec import AudioEncoder
 from ..config import EngineConfig
 from ..constants import FRAME_S, MAX_TEXT_CHARS
-from ..core.prompt import PromptSpec, TextTokenizer, build_prompt_ex
+from ..core.prompt import PromptBuilder, PromptSpec, TextTokenizer
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.tables import Embedder
@@ -37,12 +39,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class LongText:
-    """Text too long for one generation: spoken as these segments, in this voice."""
+    """Text too long for one generation: spoken as these segments, in this voice.
+
+    The segments are cut from the text as it is to be spoken (normalised, when
+    normalisation is on): their own requests must not normalise them again.
+    """
 
     segments: list[str]
     voice: Voice | None
-
-
 
 
 class Preparer:
@@ -58,6 +62,7 @@ class Preparer:
         self.cfg = cfg
         self.ids = ids
         self.tokenizer = tokenizer
+        self.prompts = PromptBuilder(tokenizer, ids)
         self.embedder = embedder
         self._encoder_factory = encoder_factory
         self._encoder: AudioEncoder | None = None
@@ -90,12 +95,12 @@ class Preparer:
     TEMPLATE_ROWS = 80  # prompt rows besides the text and the reference block
     MIN_PREFIX_ROWS = 16  # shorter shared prefixes are not worth a cache entry
 
-    def _fits_one_generation(self, clean: str, ref: np.ndarray | None) -> bool:
+    def _fits_one_generation(self, tokens: int, ref: np.ndarray | None) -> bool:
         """Whether prompt + expected speech fit one stream's context (else: speak it in segments).
 
-        ``max_new_tokens`` is a cap the caller chose, not a reason to split.
+        ``tokens``: the text's rows in its prompt. ``max_new_tokens`` is a cap the caller
+        chose, not a reason to split.
         """
-        tokens = len(self.tokenizer.encode(clean))
         ref_rows = 0 if ref is None else ref.shape[0] + self.ids.n_vq
         speech = int(tokens * self.FRAMES_PER_TOKEN) + self.ids.n_vq
         return self.TEMPLATE_ROWS + tokens + ref_rows + speech <= self.n_ctx_seq
@@ -128,11 +133,6 @@ class Preparer:
         if options.fixed_frames is not None and options.fixed_frames < 1:
             raise InputError(f"fixed_frames must be >= 1, got {options.fixed_frames}")
         ref = self._reference_codes(reference)
-        if not self._fits_one_generation(clean, ref):
-            segments = split_text(text)
-            if len(segments) > 1:  # one segment that doesn't fit: PromptTooLongError below says so
-                voice = reference if isinstance(reference, Voice) else (None if ref is None else Voice(codes=ref))
-                return LongText(segments, voice)
         spec = PromptSpec(
             text=clean,
             reference_codes=ref,
@@ -141,7 +141,13 @@ class Preparer:
             quality=options.quality,
             language=options.language,
         )
-        prompt, n_prefix = build_prompt_ex(self.tokenizer, self.ids, spec, prefix=self.cfg.prefix_cache_mib > 0)
+        built = self.prompts.build(spec, prefix=self.cfg.prefix_cache_mib > 0)
+        if not self._fits_one_generation(built.text_rows, ref):
+            segments = split_text(clean)
+            if len(segments) > 1:  # one segment that doesn't fit: PromptTooLongError below says so
+                voice = reference if isinstance(reference, Voice) else (None if ref is None else Voice(codes=ref))
+                return LongText(segments, voice)
+        prompt, n_prefix = built.rows, built.prefix_rows
         if n_prefix < self.MIN_PREFIX_ROWS:
             n_prefix = 0
         rows = prompt.shape[0]

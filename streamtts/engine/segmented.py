@@ -23,11 +23,12 @@ longer than one generation fits in the context:
   chunks wait in memory), so it is ready before segment n finishes playing.
 * **Clean joins.** Separate generations do not continue each other's
   waveform, so a join could step from one level to another (a click). Each
-  segment gets a ``fade_ms`` raised-cosine fade-in at its start and fade-out
-  at its end (5 ms by default: inaudible as a fade, enough to remove the
-  step). The fade-out needs the segment's last samples, so the last
-  ``fade_ms`` of every chunk is held back until the next chunk (or the
-  segment's end) arrives; the audio is otherwise untouched.
+  segment's stream already ends faded out to 0 (the engine's decode thread
+  fades every finished stream's last 5 ms, ``decoding.END_FADE_SAMPLES``: the
+  one owner of the end fade); here each segment gets a ``fade_ms``
+  raised-cosine fade-in at its start (5 ms by default: inaudible as a fade,
+  enough to remove the step). The audio is otherwise untouched, and no chunk
+  is held back.
 * **Seeds.** With a seed S, segment i uses seed S + i: reproducible, yet
   segments do not repeat each other's sampling noise.
 
@@ -44,14 +45,14 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from ..constants import SAMPLE_RATE
-from ..request import AudioChunk, StreamOptions, StreamStats, Voice
+from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ __all__ = [
     "SegmentFailed",
     "SegmentJoiner",
     "SegmentedSpeech",
+    "SpeechEngine",
     "speak_segments",
 ]
 
@@ -73,8 +75,31 @@ _SEED_MASK = (1 << 63) - 1
 Float32Array = npt.NDArray[np.float32]
 
 
+class SegmentStream(Protocol):
+    """One generation as :class:`SegmentedSpeech` reads it (``Engine.stream``'s AudioStream)."""
+
+    stats: StreamStats
+
+    def __aiter__(self) -> AsyncIterator[AudioChunk]: ...
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class SpeechEngine(Protocol):
+    """What segmented speech needs of the engine: :meth:`streamtts.engine.frontend.Engine.stream`.
+
+    Each stream's last chunk must end faded out (the engine's decode thread does it).
+    """
+
+    def stream(
+        self, text: str, *, reference: ReferenceLike = ..., options: StreamOptions | None = ...
+    ) -> SegmentStream: ...
+
+
 class SegmentJoiner:
-    """Fade-in at a segment's start, fade-out at its end, holding back the tail of each chunk."""
+    """Fade-in over a segment's first samples (its end arrives faded out from the engine)."""
 
     def __init__(self, fade_samples: int) -> None:
         self.fade = max(0, int(fade_samples))
@@ -83,29 +108,18 @@ class SegmentJoiner:
         self._ramp = (
             (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32) if n else None
         )
-        self._tail = np.zeros(0, np.float32)  # held back for the fade-out
         self._pos = 0  # samples of this segment received so far
 
-    def push(self, pcm: npt.ArrayLike, last: bool) -> Float32Array:
-        """Return the samples that can go out now; with ``last`` the segment's remainder."""
-        new = np.array(pcm, dtype=np.float32).reshape(-1)  # a copy: the caller's chunk stays intact
+    def push(self, pcm: npt.ArrayLike) -> Float32Array:
+        """The chunk's samples, faded in where they fall in the segment's first ``fade``."""
+        new = np.asarray(pcm, dtype=np.float32).reshape(-1)
         n = self.fade
         if self._ramp is not None and self._pos < n and new.shape[0]:  # fade-in by segment position
+            new = new.copy()  # the caller's chunk stays intact
             k = min(n - self._pos, new.shape[0])
             new[:k] *= self._ramp[self._pos : self._pos + k]
         self._pos += new.shape[0]
-        x = np.concatenate([self._tail, new]) if self._tail.shape[0] else new
-        if self._ramp is None:
-            return x
-        if last:
-            k = min(n, x.shape[0])
-            if k:
-                x[x.shape[0] - k :] *= self._ramp[::-1][n - k :]
-            self._tail = np.zeros(0, np.float32)
-            return x
-        cut = max(0, x.shape[0] - n)
-        self._tail = x[cut:].copy()
-        return x[:cut]
+        return new
 
 
 @dataclass(slots=True)
@@ -114,8 +128,8 @@ class SegmentAudio:
 
     index: int
     pcm: Float32Array
-    frames: int  # audio frames this event completes (0 for a held-back tail)
-    codes: npt.NDArray[np.int64] | None = None  # those frames' codes (None for a tail)
+    frames: int  # audio frames this event completes
+    codes: npt.NDArray[np.int64]  # those frames' codes
 
 
 @dataclass(slots=True)
@@ -153,13 +167,13 @@ class _Gen:
 class SegmentedSpeech:
     """Segments in (``add``, ``end``), ordered audio events out (``events()``).
 
-    ``engine`` is a started :class:`streamtts.engine.frontend.Engine` (anything with its
-    ``stream(text, reference=, options=)``).
+    ``engine`` is a started :class:`streamtts.engine.frontend.Engine` (any
+    :class:`SpeechEngine`).
     """
 
     def __init__(
         self,
-        engine: Any,
+        engine: SpeechEngine,
         *,
         reference: Voice | None = None,
         options: StreamOptions | None = None,
@@ -292,16 +306,13 @@ class SegmentedSpeech:
             item = g.items.popleft()
             if isinstance(item, AudioChunk):
                 n = len(item.frames)
-                pcm = joiner.push(item.pcm, last=False)
+                pcm = joiner.push(item.pcm)
                 self.frames += n
                 if self.t_first_audio is None and pcm.shape[0]:
                     self.t_first_audio = time.monotonic()
                 yield SegmentAudio(g.index, pcm, n, item.codes)
                 continue
             self._active.popleft()
-            tail = joiner.push(np.zeros(0, np.float32), last=True)
-            if tail.shape[0]:
-                yield SegmentAudio(g.index, tail, 0)
             if item is None:
                 assert g.stats is not None
                 yield SegmentDone(g.index, g.text, g.start, self.frames - g.start, g.stats)
@@ -320,7 +331,7 @@ class SegmentedSpeech:
 
 
 async def speak_segments(
-    engine: Any,
+    engine: SpeechEngine,
     segments: Iterable[str],
     *,
     raise_errors: bool = True,

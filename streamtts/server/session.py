@@ -65,6 +65,7 @@ from .protocol import (
     AudioHeader,
     Cancel,
     CloseCode,
+    Decoded,
     Done,
     End,
     Error,
@@ -272,8 +273,16 @@ class Session:
 
     # -- client input ----------------------------------------------------------------------------
     def receive_text(self, data: str) -> None:
+        """One text frame from the client: :meth:`read_text`, then :meth:`receive_message`."""
+        decoded = self.read_text(data)
+        if decoded is not None:
+            self.receive_message(decoded)
+
+    def read_text(self, data: str) -> Decoded | None:
+        """Decode one text frame (the only decode it gets); None when it is refused already
+        (the session is closed, or the frame is over the size limit)."""
         if self.closed:
-            return
+            return None
         self.heard = True
         limit = self.settings.max_message_bytes
         if len(data) * 4 > limit and len(data.encode("utf-8", "surrogatepass")) > limit:
@@ -284,8 +293,13 @@ class Session:
                 ),
                 may_be_start=True,
             )
+            return None
+        return decode_client(data)
+
+    def receive_message(self, decoded: Decoded) -> None:
+        """Act on a frame :meth:`read_text` decoded."""
+        if self.closed:
             return
-        decoded = decode_client(data)
         msg = decoded.message
         if decoded.error is not None:
             self._refuse(decoded.error, decoded.may_be_start)

@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..constants import FRAME_RATE
@@ -40,7 +39,7 @@ from .app_state import ServerState
 from .drain import refuse_websocket
 from .hosts import deny_websocket
 from .logs import REFUSALS
-from .protocol import CloseCode, Error, ErrorCode, encode
+from .protocol import ClientMessage, CloseCode, Error, ErrorCode, Start, encode
 from .session import (
     Abort,
     Action,
@@ -175,13 +174,6 @@ class Outbox:
         self._room.set()
 
 
-class _VoicePeek(msgspec.Struct):
-    """The two fields of a client message that say whether a stored voice must be fetched."""
-
-    type: str = ""
-    voice: str | None = None
-
-
 def _is_audio(item: Item) -> bool:
     return isinstance(item, (bytes, ContextFrame))
 
@@ -276,27 +268,26 @@ class WsConnection:
                 continue
             text = msg.get("text")
             if text is not None:
-                if self.session.state == "idle":
-                    await self._fetch_voice(text)
-                self.session.receive_text(text)
+                decoded = self.session.read_text(text)  # decoded once, here
+                if decoded is not None:
+                    if self.session.state == "idle":
+                        await self._fetch_voice(decoded.message)
+                    self.session.receive_message(decoded)
             else:
                 self.session.receive_bytes(msg.get("bytes") or b"")
             await self._apply(self.session.actions())
 
     # -- voices and drain ---------------------------------------------------------------------
-    async def _fetch_voice(self, text: str) -> None:
+    async def _fetch_voice(self, message: ClientMessage | None) -> None:
         """Before a `start` naming a voice reaches the (synchronous) session: bring the voice
-        into this replica's cache from the shared store, or note why it cannot be had."""
-        try:
-            peek = msgspec.json.decode(text, type=_VoicePeek)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            return  # the session reports what is wrong with the message
-        if peek.type != "start" or not peek.voice:
+        into this replica's cache from the shared store, or note why it cannot be had.
+        (A message that did not decode: the session reports what is wrong with it.)"""
+        if not isinstance(message, Start) or not message.voice:
             return
         try:
-            await self.state.voices.fetch(peek.voice)
+            await self.state.voices.fetch(message.voice)
         except VoiceStoreUnavailableError as exc:
-            self._voice_errors[peek.voice] = exc
+            self._voice_errors[message.voice] = exc
 
     def _voice(self, voice_id: str) -> Voice | None:
         err = self._voice_errors.pop(voice_id, None)

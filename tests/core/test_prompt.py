@@ -12,6 +12,7 @@ import pytest
 from streamtts.core.delay import delay_layout
 from streamtts.core.prompt import (
     HFTokenizer,
+    PromptBuilder,
     PromptSpec,
     TextTokenizer,
     build_prompt,
@@ -339,3 +340,42 @@ def test_prefix_is_zero_when_the_tokenizer_merges_across_the_boundary() -> None:
     assert n == 0
     _, n = build_prompt_ex(Merging(), IDS, PromptSpec(text="ylophone"), prefix=True)
     assert n > 0
+
+
+# -- PromptBuilder: the text tokenised once ----------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["Hello world.", " leading space", "trailing space ", "3.14 and 你好", "a\nb"])
+def test_builder_gives_build_prompt_ex_rows_and_the_texts_row_count(real_tok_dir: Path, text: str) -> None:
+    tok = HFTokenizer(real_tok_dir)
+    codes = np.random.default_rng(2).integers(0, 1024, size=(3, K))
+    for ref in (None, codes):
+        spec = PromptSpec(text=text, reference_codes=ref, language="en")
+        built = PromptBuilder(tok, IDS).build(spec, prefix=True)
+        rows, n_prefix = build_prompt_ex(tok, IDS, spec, prefix=True)
+        np.testing.assert_array_equal(built.rows, rows)
+        assert built.prefix_rows == n_prefix > 40
+        assert built.text_rows == len(tok.encode(text))
+
+
+def test_builder_tokenises_each_request_once() -> None:
+    class Counting(FakeTokenizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def encode(self, text: str) -> list[int]:
+            self.calls.append(text)
+            return super().encode(text)
+
+    tok = Counting()
+    builder = PromptBuilder(tok, IDS)
+    first = builder.build(PromptSpec(text="first words"), prefix=True)
+    assert sum("first words" in c for c in tok.calls) == 1
+    tok.calls.clear()
+    second = builder.build(PromptSpec(text="other words"), prefix=True)
+    assert len(tok.calls) == 1 and "other words" in tok.calls[0]  # the template pieces: remembered
+    assert first.prefix_rows == second.prefix_rows > 0 and second.text_rows == len("other words")
+    tok.calls.clear()
+    builder.build(PromptSpec(text="other words", language="de"))  # another head: tokenised once
+    assert len(tok.calls) == 2

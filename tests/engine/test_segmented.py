@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from streamtts.config import SamplingParams
+from streamtts.engine.decoding import _END_RAMP, END_FADE_SAMPLES, fade_out_end
 from streamtts.engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -32,6 +33,8 @@ FS = 1920  # samples per frame
 
 
 class FakeStream:
+    """Constant 0.5 audio, its end faded out as the engine's decode thread fades it."""
+
     def __init__(self, eng: FakeEngine, text: str, reference: Any, options: StreamOptions) -> None:
         self.eng, self.text, self.reference, self.options = eng, text, reference, options
         self.stats = StreamStats(t_submit=time.monotonic())
@@ -60,6 +63,8 @@ class FakeStream:
         for f in range(n):
             await asyncio.sleep(self.eng.step_s)
             pcm = np.full(FS, 0.5, np.float32)
+            if f == n - 1:
+                fade_out_end(pcm)
             codes = np.full((1, 32), self.base + f, np.int64)
             if not self.stats.t_first_audio:
                 self.stats.t_first_audio = time.monotonic()
@@ -251,20 +256,21 @@ def test_segments_added_later_are_spoken_later() -> None:
 
 
 @pytest.mark.parametrize("sizes", [[1920, 1920, 1920], [7, 300, 5000, 0], [50, 50, 50, 0], [3000], [0, 100, 0]])
-def test_joiner_equals_fading_the_whole_segment(sizes: list[int]) -> None:
+def test_joiner_fades_in_the_segment_and_leaves_the_rest(sizes: list[int]) -> None:
     rng = np.random.default_rng(0)
     chunks = [rng.uniform(-1, 1, n).astype(np.float32) for n in sizes]
+    kept = [c.copy() for c in chunks]
     j = SegmentJoiner(120)
-    out = [j.push(c, last=False) for c in chunks[:-1]] + [j.push(chunks[-1], last=True)]
+    out = [j.push(c) for c in chunks]
+    assert [o.size for o in out] == sizes  # nothing held back
     got = np.concatenate(out)
     whole = np.concatenate(chunks)
-    assert got.size == whole.size
     ramp = 0.5 - 0.5 * np.cos(np.pi * (np.arange(120) + 0.5) / 120)
     want = whole.copy()
     k = min(120, want.size)
     want[:k] *= ramp[:k].astype(np.float32)
-    want[want.size - k :] *= ramp[::-1][120 - k :].astype(np.float32)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
+    assert all(np.array_equal(a, b) for a, b in zip(chunks, kept, strict=True))  # inputs intact
 
 
 def test_joins_have_no_step() -> None:
@@ -283,6 +289,9 @@ def test_joins_have_no_step() -> None:
     assert abs(float(pcm[join] - pcm[join - 1])) < 0.01  # 0.5 -> 0.5 through a fade: no click
     assert np.max(np.abs(np.diff(pcm))) < 0.5 * np.pi / 120 + 1e-6  # the steepest slope is the ramp's
     assert pcm[FS] == 0.5  # inside a segment: untouched
+    # the end fade is the engine's, applied once (not faded again here)
+    n = END_FADE_SAMPLES
+    np.testing.assert_array_equal(pcm[join - n : join], np.float32(0.5) * _END_RAMP)
 
 
 # -- the real engine (demo model) ---------------------------------------------------------------

@@ -276,6 +276,45 @@ def test_decoder_is_built_once_and_decodes_every_type() -> None:
         assert d.error is None and d.message is not None and not d.may_be_start
 
 
+def test_read_then_receive_decodes_a_frame_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The I/O layer reads a frame (to fetch a named voice) and hands the session that same
+    decode: the two steps give what receive_text gives, with one decode."""
+    from streamtts.server import session as session_module
+
+    seen: list[str] = []
+
+    def counting(data: str) -> Any:
+        seen.append(data)
+        return decode_client(data)
+
+    monkeypatch.setattr(session_module, "decode_client", counting)
+    start = json.dumps({"type": "start", "voice": "v_known"})
+    a, _ = make()
+    d = a.read_text(start)
+    assert d is not None and d.message is not None and seen == [start]
+    a.receive_message(d)
+    assert seen == [start]
+    b, _ = make()
+    b.receive_text(start)
+    two_steps, one_call = messages(a.actions()), messages(b.actions())
+    for m in two_steps + one_call:
+        m.pop("session")  # a random id per session
+    assert two_steps == one_call and two_steps[0]["type"] == "ready"
+    assert seen == [start, start]
+    # too large: refused before any decode, nothing left to receive
+    small, _ = make(max_message_bytes=200)
+    assert small.read_text(json.dumps({"type": "text", "text": "x" * 300})) is None
+    assert len(seen) == 2 and only_error(small.actions())["code"] == ErrorCode.MESSAGE_TOO_LARGE
+    # closed between the two steps (the voice fetch awaits): the message is dropped
+    c, _ = make()
+    d = c.read_text(start)
+    c.connection_lost()
+    c.actions()
+    assert d is not None
+    c.receive_message(d)
+    assert c.actions() == []
+
+
 def test_binary_frames_are_refused_but_harmless() -> None:
     s, _ = make()
     s.receive_bytes(b"\x00\x01")
