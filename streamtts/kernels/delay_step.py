@@ -92,22 +92,22 @@ class DelayStepTwin:
         self._slots = slots
         self._rows = r
         # each buffer's address and the bytes from one row to the next
-        self._base = tuple(
-            (int(ptr(x) or 0), x.strides[0])
-            for x in (slots, pair, audio, out, self._bad)
-        ) + ((int(ptr(self._scratch) or 0), self._scratch_row),)
+        bufs = (slots, pair, audio, out, self._scratch, self._bad)
+        self._at0 = tuple(int(ptr(x) or 0) for x in bufs)
+        self._row_bytes = tuple(x.strides[0] for x in bufs[:4]) + (self._scratch_row, 1)
         self._strides = (pair.strides[0] // 4, audio.strides[0] // 4, audio.strides[1] // 4)
         self.handed_back = 0
         """Steps that went to the spec (a stream outside audio mode)."""
 
     def __call__(self, lo: int, hi: int) -> None:
-        check_range(lo, hi, self._rows)
-        (s, s_b), (p, p_b), (au, au_b), (o, o_b), (bd, bd_b), (sc, sc_b) = self._base
+        if not 0 <= lo <= hi <= self._rows:
+            check_range(lo, hi, self._rows)
+        s, p, au, o, sc, bd = self._at0  # the engine's call (lo = 0): the addresses as bound
+        if lo:
+            s_b, p_b, au_b, o_b, sc_b, bd_b = self._row_bytes
+            s, p, au, o, sc, bd = s + lo * s_b, p + lo * p_b, au + lo * au_b, o + lo * o_b, sc + lo * sc_b, bd + lo * bd_b
         ps, ab, ak = self._strides
-        rc = self._fn(
-            self._ref, s + lo * s_b, hi - lo, p + lo * p_b, ps, au + lo * au_b, ab, ak,
-            o + lo * o_b, sc + lo * sc_b, bd + lo * bd_b,
-        )  # fmt: skip
+        rc = self._fn(self._ref, s, hi - lo, p, ps, au, ab, ak, o, sc, bd)
         if rc == _DONE:
             return
         if rc == _NEEDS_TEXT:

@@ -49,12 +49,16 @@ class StepEmbedTwin:
         self._rows_p, self._row_stride = int(ptr(rows) or 0), rows.strides[0] // 8
         self._out_stride = out.strides[0] // 4
         # each buffer's address and the bytes from one row to the next
-        self._base = tuple((int(ptr(x) or 0), x.strides[0]) for x in (slots, out))
+        self._at0 = (int(ptr(slots) or 0), int(ptr(out) or 0))
+        self._row_bytes = (slots.strides[0], out.strides[0])
 
     def __call__(self, lo: int, hi: int) -> None:
-        check_range(lo, hi, self._n_max)
-        (s, s_b), (o, o_b) = self._base
-        rc = self._fn(self._ref, s + lo * s_b, hi - lo, self._rows_p, self._n_rows, self._row_stride, o + lo * o_b, self._out_stride)
+        if not 0 <= lo <= hi <= self._n_max:
+            check_range(lo, hi, self._n_max)
+        s, o = self._at0  # the engine's call (lo = 0): the addresses as bound
+        if lo:
+            s, o = s + lo * self._row_bytes[0], o + lo * self._row_bytes[1]
+        rc = self._fn(self._ref, s, hi - lo, self._rows_p, self._n_rows, self._row_stride, o, self._out_stride)
         if rc == -1:
             raise ValueError(f"slots must be in [0, {self._n_rows}), got {self._slots[lo:hi].tolist()}")
         if rc < 0:

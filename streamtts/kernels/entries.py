@@ -13,8 +13,10 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import StreamTTSError
 
-class Unreadable(ValueError):
+
+class Unreadable(StreamTTSError, ValueError):
     """A compiled twin does not read the buffers it was offered (the spec runs instead)."""
 
 

@@ -48,14 +48,18 @@ class FramePushTwin:
         self._slots = slots
         self._row_stride = rows.strides[0] // 8
         # each buffer's address and the bytes from one row to the next
-        self._base = tuple((int(ptr(x) or 0), x.strides[0]) for x in (slots, rows, self.frames, self.ready, self.index))
+        bufs = (slots, rows, self.frames, self.ready, self.index)
+        self._at0 = tuple(int(ptr(x) or 0) for x in bufs)
+        self._row_bytes = tuple(x.strides[0] for x in bufs)
 
     def __call__(self, lo: int, hi: int) -> int:
-        check_range(lo, hi, self._rows)
-        (s, s_b), (r, r_b), (f, f_b), (rd, rd_b), (ix, ix_b) = self._base
-        rc: int = self._fn(
-            self._ref, s + lo * s_b, hi - lo, r + lo * r_b, self._row_stride, f + lo * f_b, rd + lo * rd_b, ix + lo * ix_b
-        )
+        if not 0 <= lo <= hi <= self._rows:
+            check_range(lo, hi, self._rows)
+        s, r, f, rd, ix = self._at0  # the engine's call (lo = 0): the addresses as bound
+        if lo:
+            s_b, r_b, f_b, rd_b, ix_b = self._row_bytes
+            s, r, f, rd, ix = s + lo * s_b, r + lo * r_b, f + lo * f_b, rd + lo * rd_b, ix + lo * ix_b
+        rc: int = self._fn(self._ref, s, hi - lo, r, self._row_stride, f, rd, ix)
         if rc < 0:
             raise ValueError(f"slots must be in [0, {self._capacity}), got {self._slots[lo:hi].tolist()}")
         return rc
