@@ -216,6 +216,10 @@ STT_API void stt_params_default(stt_params *p) {
 
 STT_API size_t stt_sizeof_params(void) { return sizeof(stt_params); }
 
+/* The size check of the Python code before stt_sizeof_params (branches not merged yet load
+ * this library too); nothing in this tree calls it: remove once none is left. */
+STT_API int32_t stt_params_size(void) { return (int32_t)sizeof(stt_params); }
+
 /* ---- create / free --------------------------------------------------------------------- */
 
 STT_API void stt_free(struct stt_ctx *c);

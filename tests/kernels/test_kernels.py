@@ -64,6 +64,20 @@ def test_no_twin_is_discovered_by_getattr() -> None:
     assert not found, found
 
 
+def test_the_c_files_share_one_header() -> None:
+    """STT_API and every mirrored struct are defined once, in native/stt.h."""
+    native = Path(__file__).resolve().parents[2] / "native"
+    for c in sorted(native.glob("*.c")):
+        text = c.read_text()
+        assert '#include "stt.h"' in text, c.name
+        assert "#define STT_API" not in text, c.name
+        assert not re.search(r"\}\s*stt_(params|delay_states|frames|embed);", text), c.name
+    header = (native / "stt.h").read_text()
+    for name in _llama.MIRRORED:
+        assert re.search(rf"\}}\s*stt_{name};", header), name
+        assert f"stt_sizeof_{name}(void)" in header, name
+
+
 def test_every_mirrored_struct_is_size_checked(bridge_lib: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, mirror in _llama.MIRRORED.items():
         assert getattr(bridge_lib, f"stt_sizeof_{name}")() == ctypes.sizeof(mirror), name
