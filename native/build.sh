@@ -340,7 +340,7 @@ BRIDGE_CMD=(
     "-Wl,-rpath,\$ORIGIN" -Wl,--no-undefined
 )
 BRIDGE_STAMP="$LIB/bridge.stamp"
-BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$HERE/sampler.h" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
+BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$HERE/stt.h" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
     | sha256sum | cut -c1-32)|${BRIDGE_CMD[*]}"
 if [[ -f "$LIB/$BRIDGE_NAME" && -f "$BRIDGE_STAMP" && "$(cat "$BRIDGE_STAMP")" == "$BRIDGE_HASH" ]]; then
     note "up to date"

@@ -9,7 +9,7 @@
  * It is a second implementation of one specification, not a new one: the same counter
  * uniforms (splitmix64 over seed, step, column, stream), the same per-row sampler
  * (sampler.c's, which is sample_rows compiled) on the same values, the same state
- * updates in the same order. tests/test_delay_step.py runs both side by side and
+ * updates in the same order. tests/kernels/test_conformance.py runs both side by side and
  * compares every row and every state array.
  *
  * Not here: rows that need the full text vocabulary (a stream outside audio mode). Then
@@ -23,31 +23,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sampler.h"
-
-#define STT_API __attribute__((visibility("default")))
+#include "stt.h"
 
 #define NONE (-1) /* delayed_length: no delay flush in progress */
 
-/* The arrays of a DelayStates (capacity entries each; seen: capacity x n_vq x n_audio
- * bytes) and the constants its step needs. Mirrored by a ctypes Structure. */
-typedef struct {
-    int32_t capacity, n_vq, n_audio, pair_swapped;
-    int64_t pad, gen_slot, delay_slot, audio_start, audio_end, im_end, audio_pad_code;
-    uint64_t text_salt, audio_salt; /* counter_uniforms' per-stream constants */
-    int64_t *audio_length, *delayed_length, *time_step;
-    uint8_t *is_audio, *is_stopping, *audio_ended;
-    uint64_t *seed;
-    float *text_temperature;
-    int64_t *text_top_k;
-    double *text_top_p;
-    float *audio_temperature;
-    int64_t *audio_top_k;
-    double *audio_top_p;
-    float *audio_penalty;
-    uint8_t *seen;
-    uint8_t *mark; /* capacity bytes, all zero between calls: the distinct-slots check */
-} stt_delay_states;
+STT_API size_t stt_sizeof_delay_states(void) { return sizeof(stt_delay_states); }
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 

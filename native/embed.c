@@ -9,7 +9,7 @@
  * The same arithmetic as the NumPy path, so the same bits: the text row (float16 tables
  * widened exactly to float32), then codebook 0..31 added one after another in float32,
  * element by element (NumPy's reduction over the non-contiguous axis does the same; no
- * -ffast-math, so the compiler keeps that order). tests/test_embed_native.py compares both.
+ * -ffast-math, so the compiler keeps that order). tests/kernels/test_conformance.py compares both.
  *
  * Thread safety: no global state; the caller owns every buffer.
  */
@@ -17,16 +17,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#define STT_API __attribute__((visibility("default")))
+#include "stt.h"
 
-/* An Embedder's tables: text (text_rows x n_embd, float16 or float32) and the codebooks'
- * stacked (n_vq * audio_rows x n_embd, float32). */
-typedef struct {
-    int64_t n_embd, text_rows, n_vq, audio_rows;
-    int32_t text_f16;
-    const void *text;
-    const float *audio;
-} stt_embed;
+STT_API size_t stt_sizeof_embed(void) { return sizeof(stt_embed); }
 
 /* IEEE half to float, exact (every half is a float). */
 static inline float half_to_float(uint16_t h) {

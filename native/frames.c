@@ -9,21 +9,16 @@
  * The same specification as the NumPy push: codebook k of frame f arrives in row f + k;
  * a slot's ring holds its last n_vq rows (row r at ring position r % n_vq); the push of
  * row n - 1 completes frame f = n - n_vq, whose code k lies at ring position (f + k) % n_vq.
- * tests/test_frames_push.py runs both side by side.
+ * tests/kernels/test_conformance.py runs both side by side.
  *
  * Thread safety: no global state; the caller owns every buffer.
  */
 
 #include <stdint.h>
 
-#define STT_API __attribute__((visibility("default")))
+#include "stt.h"
 
-/* A FrameAssembler's arrays: ring (capacity x n_vq x n_vq) and count (capacity). */
-typedef struct {
-    int32_t capacity, n_vq;
-    int64_t pad;
-    int64_t *ring, *count;
-} stt_frames;
+STT_API size_t stt_sizeof_frames(void) { return sizeof(stt_frames); }
 
 /* Push row b of `rows` (n_vq codes; rows b apart by row_stride elements) to slots[b]
  * (distinct); frame b of frames_out (n_vq codes, contiguous) gets the frame it completed

@@ -12,7 +12,7 @@
  * operations, their order and their precision are those of sample_rows()
  * (float32 scaling and penalty, float64 softmax over the top-k in canonical
  * order - value descending, id ascending - inverse-CDF draw with the caller's
- * uniform). tests/test_native_sampler.py checks token for token against it.
+ * uniform). tests/kernels/test_conformance.py checks token for token against it.
  *
  * Thread safety: no global state; the caller owns every buffer.
  */
@@ -21,9 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "sampler.h"
-
-#define STT_API __attribute__((visibility("default")))
+#include "stt.h"
 
 #define SMALL_K 256 /* candidates kept by insertion on the stack; above: sort */
 #define MAX_W    1024 /* columns of a row (their greatest values kept on the stack) */

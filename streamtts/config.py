@@ -67,6 +67,8 @@ class SamplingParams(_SamplingKeys, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 SAMPLING_KEYS = tuple(SamplingParams.__struct_fields__)
+KERNEL_NAMES = ("row_sampler", "delay_step", "frame_push", "step_embed")
+"""The per-step kernels with a compiled twin (``streamtts/kernels/``), as the ``kernels`` key names them."""
 PATH_KEYS = (
     "backbone_gguf",
     "embedding_dir",
@@ -142,9 +144,14 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # threads of the NumPy audio heads' matmul (ours, sleeping between steps; each part one
     # single-threaded BLAS call); 0 = as many as llama.cpp's threads (their cores are idle then)
     heads_threads: int = 0
-    # token sampler: "native" (native/sampler.c, built with the bridge) or "numpy"
-    # (core/sampling.py); the same tokens for the same seed, the native one several times faster
+    # the per-step kernels (streamtts/kernels/): "native" = the compiled twins (native/*.c, built
+    # with the bridge), "numpy" = their NumPy specifications; the same tokens and frames for the
+    # same seed, the native ones several times faster
     sampler: str = "native"
+    # per-kernel overrides of `sampler`, applied in order: "+name" runs that kernel's compiled
+    # twin, "-name" its specification; names: row_sampler, delay_step, frame_push, step_embed
+    # (e.g. ["-delay_step"], or with sampler: numpy ["+row_sampler"])
+    kernels: list[str] = msgspec.field(default_factory=list)
     log_llama: bool = False  # forward llama.cpp's own log lines
     # Engine.start(): pay the first request's one-off costs at load (the default prompt's
     # prefix into the prefix cache, llama.cpp's one-row graph, the codec's first call)
@@ -179,6 +186,11 @@ class EngineConfig(_SamplingKeys, kw_only=True):
             raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
         if self.sampler not in ("native", "numpy"):
             raise ConfigError(f"sampler must be 'native' or 'numpy', got {self.sampler!r}")
+        for item in self.kernels:
+            if not isinstance(item, str) or item[:1] not in ("+", "-") or item[1:] not in KERNEL_NAMES:
+                raise ConfigError(
+                    f"kernels: {item!r} is not '+name' or '-name' with a name from {', '.join(KERNEL_NAMES)}"
+                )
         if self.heads_threads < 0:
             raise ConfigError(f"heads_threads must be >= 0 (0 = llama.cpp's thread count), got {self.heads_threads}")
         if self.n_threads < 0:

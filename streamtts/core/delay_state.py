@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -44,24 +43,6 @@ from .sampling import (
     seed_to_uint64,
 )
 from .tokens import TokenIds
-
-
-class CompiledStep(Protocol):
-    """A compiled :meth:`DelayStates.step` bound to one states' arrays: True when it took
-    the step, False (nothing changed) when the Python step must."""
-
-    def __call__(
-        self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray
-    ) -> bool: ...
-
-
-class BoundStep(Protocol):
-    """The compiled step on buffers bound once (:meth:`DelayStates.bound_step`): steps the
-    first ``n`` slots of its slot buffer on the first ``n`` rows of the others; True when
-    it took the step, False (nothing changed) when :meth:`DelayStates.step` must."""
-
-    def __call__(self, n: int) -> bool: ...
-
 
 NONE = -1
 """``delayed_length`` sentinel: no delay flush in progress."""
@@ -102,17 +83,21 @@ class DelayStates:
     repetition penalty.
 
     ``sampler``: :func:`~streamtts.core.sampling.sample_rows` (the default) or another
-    implementation of it (the engine passes the compiled one); one with
-    ``accepts_strided`` gets the audio logits as handed in, uncopied.
+    implementation of it (``streamtts.kernels`` passes the compiled one); with
+    ``strided_rows`` (a sampler that reads strided rows, see :class:`RowSampler`) it gets
+    the audio logits as handed in, uncopied. This is the specification of the compiled step
+    (``kernels/delay_step.py``), which the engine reaches through ``streamtts.kernels``.
     """
 
-    def __init__(self, capacity: int, ids: TokenIds, sampler: RowSampler | None = None) -> None:
+    def __init__(
+        self, capacity: int, ids: TokenIds, sampler: RowSampler | None = None, *, strided_rows: bool = False
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.ids = ids
         self._sample: RowSampler = sampler if sampler is not None else sample_rows
-        self._strided = bool(getattr(sampler, "accepts_strided", False))
+        self._strided = strided_rows
         k = self.n_vq = ids.n_vq
         a = self.n_audio = ids.audio_rows
         self.audio_length = np.zeros(capacity, dtype=np.int64)
@@ -142,20 +127,6 @@ class DelayStates:
         self._text_banned = np.array(
             [ids.pad, ids.gen_slot, ids.delay_slot, ids.audio_end], dtype=np.int64
         )
-        # a compiled twin of step() the sampler may offer (bound to these arrays); steps it
-        # cannot take (a full text row) come back here
-        bind = getattr(sampler, "bind_states", None)
-        self._compiled: CompiledStep | None = bind(self) if bind is not None else None
-
-    def bound_step(self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> BoundStep | None:
-        """The compiled step on buffers the caller keeps for good: a step of B <= R streams
-        has their slot numbers in ``slots[:B]`` (R,) int64, and its text pair logits (R, 2),
-        audio logits (R, K, A) and rows (R, 1 + K) in the first B rows of the others. None
-        without a compiled twin, or when it does not read these layouts. It takes the same
-        steps as :meth:`step` on those views, without checking shapes or looking up
-        addresses each step."""
-        bind = getattr(self._compiled, "bind_buffers", None)
-        return bind(slots, pair, audio, out) if bind is not None else None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -230,8 +201,6 @@ class DelayStates:
         elif out.shape != (b_n, 1 + k_n) or out.dtype != np.int64:
             raise ValueError(f"out must be int64 ({b_n}, {1 + k_n}), got {out.dtype} {out.shape}")
         if b_n == 0:
-            return out
-        if self._compiled is not None and self._compiled(s, text_pair_logits, audio_logits, out):
             return out
         if s.min() < 0 or s.max() >= self.capacity or np.unique(s).size != b_n:
             raise ValueError(

@@ -180,9 +180,9 @@ class SamplerWorkspace:
 class RowSampler(Protocol):
     """What :class:`~streamtts.core.delay_state.DelayStates` calls to sample: :func:`sample_rows`
     or a faster implementation of the same specification (same tokens for the same
-    uniforms). One that sets ``accepts_strided`` also takes ``logits`` with more than two
-    axes and any row strides (rows numbered over the leading axes, last axis contiguous),
-    so strided views reach it without a copy."""
+    uniforms). One that reads strided rows (the compiled one; ``DelayStates(strided_rows=True)``)
+    also takes ``logits`` with more than two axes and any row strides (rows numbered over the
+    leading axes, last axis contiguous), so strided views reach it without a copy."""
 
     def __call__(
         self,
@@ -293,6 +293,7 @@ def sample_rows(
             logits[sel] = sub
 
     n_greedy = int(np.count_nonzero(greedy))
+    bad_greedy: np.ndarray | None = None  # named with the sampled rows' bad ones: every bad row
     if n_greedy:
         gi = np.flatnonzero(greedy)
         if every_row and n_greedy == n:
@@ -302,9 +303,11 @@ def sample_rows(
         best_val = logits[sel[gi], best]
         bad = ~(best_val > -np.inf)  # NaN (argmax returns the first NaN) or all masked
         if bad.any():
-            raise NonFiniteLogitsError(gi[bad])
+            bad_greedy = gi[bad]
         out[gi] = best
         if n_greedy == n:
+            if bad_greedy is not None:
+                raise NonFiniteLogitsError(bad_greedy)
             return out
 
     si = np.flatnonzero(~greedy)  # positions in the selection
@@ -333,8 +336,8 @@ def sample_rows(
     topd[np.arange(kmax)[None, :] >= ks[:, None]] = -np.inf
     mx = topd[:, 0].copy()
     bad = ~np.isfinite(mx)
-    if bad.any():
-        raise NonFiniteLogitsError(si[bad])
+    if bad.any() or bad_greedy is not None:
+        raise NonFiniteLogitsError(np.union1d(si[bad], bad_greedy if bad_greedy is not None else si[:0]))
     np.subtract(topd, mx[:, None], out=topd)
     w = np.exp(topd, out=topd)
     c = np.cumsum(w, axis=1)

@@ -203,7 +203,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
 
     from ..codec import load_decoder, load_encoder, load_streaming_decoder
     from ..core.prompt import HFTokenizer
-    from ..kernels.sampler import NativeSampler
+    from ..kernels import Kernels
     from ..model import _llama
     from ..model.backbone import Backbone, BackboneParams
     from ..model.tables import AudioHeads, Embedder
@@ -268,8 +268,8 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         codec_threads = frozenset(thread_ids() - before)
         turns = CoreTurns(_take_turns(cfg, codec, on_gpu=_layers_on_gpu(cfg)))
         worker = DecodeWorker(codec, nice=cfg.codec_nice, codec_threads=codec_threads, turns=turns)
-        sampler = NativeSampler() if cfg.sampler == "native" else None
-        core = EngineCore(cfg, ids, backbone, embedder, heads, worker, fused_heads=fused, sampler=sampler)
+        kernels = Kernels.from_config(cfg)  # the one choice of spec or compiled twin per kernel
+        core = EngineCore(cfg, ids, backbone, embedder, heads, worker, kernels=kernels, fused_heads=fused)
     except BaseException:
         if heads is not None:
             heads.close()  # its helper threads
@@ -294,6 +294,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "threads": threads,
         "model_config": str(mc) if mc else "defaults",
         "sampler": cfg.sampler,
+        "kernels": core.kernels.describe(),
         "codec": worker.codec.kind,
         "codec_turns": worker.turns.enabled,
         "codec_state_mib_per_stream": _codec_state_mib(worker),

@@ -29,11 +29,10 @@ import numpy as np
 
 from ..config import EngineConfig
 from ..constants import FRAME_S
-from ..core.delay_state import DelayStates
 from ..core.frames import FrameAssembler
-from ..core.sampling import RowSampler
 from ..core.tokens import TokenIds
 from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
+from ..kernels import Kernels
 from ..model.backbone import KV_PAD
 from ..model.tables import AudioHeads, Embedder
 from ..request import PreparedRequest
@@ -116,8 +115,8 @@ class EngineCore:
         heads: AudioHeads | None,
         decoder: DecodeWorker,
         *,
+        kernels: Kernels,
         fused_heads: bool = False,
-        sampler: RowSampler | None = None,
     ) -> None:
         self.cfg = cfg
         self.ids = ids
@@ -133,7 +132,8 @@ class EngineCore:
         h = backbone.n_embd
         self.n_ctx_seq = backbone.n_ctx_seq
         self.slots = SlotTable(cap)
-        self.states = DelayStates(cap, ids, sampler)
+        self.kernels = kernels
+        self.states = kernels.delay_states(cap, ids)
         self.assembler = FrameAssembler(cap, k, ids.audio_pad_code)
         self.prefix_cache = PrefixCache(cfg.prefix_cache_mib << 20)
         self.scheduler = Scheduler(cfg, self.slots, self.prefix_cache)
@@ -147,27 +147,23 @@ class EngineCore:
         # Output rows: one per running stream plus one per prompt completed this tick.
         self.logits = np.zeros((2 * cap, n_cols), dtype=np.float32)
         self.hidden = None if fused_heads else np.zeros((2 * cap, h), dtype=np.float32)
-        # the heads' output, or (fused heads) whole rows copied for a sampler that needs them
-        self.audio_in_place = fused_heads and bool(getattr(sampler, "accepts_strided", False))
+        # the heads' output, or (fused heads) whole rows copied when no kernel reads them strided
+        self.audio_in_place = fused_heads and kernels.reads_strided_audio
         self.audio_buf = np.zeros((0 if self.audio_in_place else 2 * cap, k * a), dtype=np.float32)
         backbone.bind(self.embd, self.pos, self.seq, self.outf, self.hidden, self.logits)
         audio_base = self.logits[:, 2:] if self.audio_in_place else self.audio_buf
         self._out = np.zeros((2 * cap, 1 + k), dtype=np.int64)
-        # the compiled step bound to these buffers (None: the NumPy sampler); the audio
-        # logits of a step's B rows are always the first B rows of audio_base
+        # the step's kernels, bound once to these buffers: a step of B streams has their slot
+        # numbers in _slot_buf[:B] and its logits and rows in the first B rows of the others
         audio_all = audio_base.reshape(2 * cap, k, a)  # a view: the last axis is contiguous
         assert audio_all.size == 0 or np.shares_memory(audio_all, audio_base)
-        # a step's slot numbers (for the compiled twins, bound once below)
         self._slot_buf = np.zeros(2 * cap, dtype=np.int64)
-        self._bound_step = self.states.bound_step(self._slot_buf, self.logits[:, :2], audio_all, self._out)
-        bind_frames = getattr(sampler, "bind_frames", None)
-        self._bound_push = None if bind_frames is None else bind_frames(self.assembler, self._slot_buf, self._out[:, 1:])
-        self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
-        bind_embedder = getattr(sampler, "bind_embedder", None)
-        self._bound_embed = (
-            None if bind_embedder is None or embedder is None else bind_embedder(embedder, self._slot_buf, self.next_rows, self.embd)
+        self._step = kernels.bind_delay_step(
+            self.states, self._slot_buf, self.logits[:, :2], audio_all, self._out, self._full_text_logits
         )
-        self._rows = np.zeros((cap, 1 + k), dtype=np.int64)
+        self._push = kernels.bind_frame_push(self.assembler, self._slot_buf, self._out[:, 1:])
+        self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
+        self._embed = None if embedder is None else kernels.bind_step_embed(embedder, self._slot_buf, self.next_rows, self.embd)
         self._empty = np.zeros((0, k), dtype=np.int64)
         self._arange = np.arange(rows_max, dtype=np.int32)
         self._slot_ids = np.arange(cap, dtype=np.int64)
@@ -353,9 +349,9 @@ class EngineCore:
         if slots.size:
             t2 = time.perf_counter()
             b = slots.size
-            if self.audio_in_place:  # a sampler reading strided rows: the logits as they lie
+            if self.audio_in_place:  # a kernel reading strided rows: the logits as they lie
                 result.audio = self.logits[:b, 2:].reshape(b, self.ids.n_vq, self.ids.audio_rows)
-            elif self.fused:  # one copy into whole rows: the sampler then needs no other
+            elif self.fused:  # one copy into whole rows: the NumPy sampler then needs no other
                 audio = self.audio_buf[:b]
                 np.copyto(audio, self.logits[:b, 2:])
                 result.audio = audio.reshape(b, self.ids.n_vq, self.ids.audio_rows)
@@ -381,13 +377,9 @@ class EngineCore:
         stand_ins = self._stand_ins(run)
         batch = run if stand_ins is None else self._slot_ids[run[0] : run[-1] + 1]
         n = batch.size
-        if self._bound_embed is not None:  # the compiled twin: the slots' next rows, embedded
+        if self._embed is not None:  # the slots' next rows, embedded
             self._slot_buf[:n] = batch
-            self._bound_embed(n)
-        elif self.embedder is not None:
-            rows = self._rows[:n]
-            np.take(self.next_rows, batch, axis=0, out=rows, mode="clip")  # "clip": no buffered copy
-            self.embedder(rows, out=self.embd[:n])
+            self._embed(0, n)
         self.pos[:n] = kv_pos[batch]
         self.seq[:n] = batch
         if stand_ins is None:
@@ -512,13 +504,9 @@ class EngineCore:
         assert result.audio is not None
         t3 = time.perf_counter()
         self._force_fixed(slots, b)
-        bound, push = self._bound_step, self._bound_push
-        if bound is not None or push is not None:  # the compiled twins read the slots from here
-            self._slot_buf[:b] = slots
-        if bound is not None and bound(b):
-            out = self._out[:b]
-        else:  # the NumPy sampler, or a stream outside audio mode
-            out = self.states.step(slots, self.logits[:b, :2], result.audio, self._full_text_logits, self._out[:b])
+        self._slot_buf[:b] = slots  # the kernels read the step's slots from here
+        self._step(0, b)
+        out = self._out[:b]
         t4 = time.perf_counter()
         self.slots.steps[slots] += 1
         self.next_rows[slots] = out
@@ -530,12 +518,9 @@ class EngineCore:
             if s is not None:
                 s.req.stats.steps += 1
                 s.req.stats.step_s += tick_s
-        if push is not None:  # the compiled twin, on this step's slots and rows
-            push(b)
-            frames, ready, index = push.frames[:b], push.ready[:b], push.index[:b]
-        else:
-            frames, ready, index = self.assembler.push(slots, out[:, 1:])
-        self._route(slots, frames, ready, index)
+        push = self._push
+        push(0, b)
+        self._route(slots, push.frames[:b], push.ready[:b], push.index[:b])
         prof.ticks += 1
         prof.rows += b
         prof.sampling += t4 - t3

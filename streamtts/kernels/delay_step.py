@@ -1,39 +1,55 @@
-"""The compiled ``DelayStates.step`` (``native/delay.c``): a whole step in one call.
+"""The compiled ``DelayStates.step`` (``native/delay.c``) on buffers bound once: a step is one call.
 
 :class:`~streamtts.core.delay_state.DelayStates` stays the specification; this is its twin for
 the steps that need no full text row (every stream in audio mode, flushing its delay, or
-stopped), which is nearly every step. It reads and writes the states' own arrays (bound
-once), draws the same counter uniforms and samples with ``native/sampler.c``'s row
-sampler, so a stream's rows and state come out as the Python step's
-(``tests/kernels/test_delay_step.py``). :class:`~streamtts.kernels.sampler.NativeSampler` hands it
-to ``DelayStates``, so ``sampler: native`` (the default) uses it and ``sampler: numpy``
-does not.
+stopped), which is nearly every step. It reads and writes the states' own arrays, draws the
+same counter uniforms and samples with ``native/sampler.c``'s row sampler, so a stream's
+rows and state come out as the spec's (``tests/kernels/test_conformance.py``). A step with a
+stream outside audio mode changes nothing in C and goes to the spec entry it was given, once.
+Why bound: after a decode every Python and NumPy call runs on cold caches, and the checks and
+address lookups of a general call cost about 0.1 ms a step there (measured in the engine).
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.delay_state import DelayStates
 from ..core.sampling import AUDIO_STREAM, TEXT_STREAM, stream_salt
 from ..errors import NonFiniteLogitsError
-from ..model._llama import SttDelayStates, load_bridge
-from ..model._llama import ptr as _ptr
-
-if TYPE_CHECKING:
-    from ..core.delay_state import DelayStates
+from ..model._llama import SttDelayStates, ptr
+from .entries import DelayStep, Unreadable, check_range
 
 _DONE, _NEEDS_TEXT, _BAD_SLOTS, _BAD_TEXT, _BAD_AUDIO = 0, 1, 2, 3, 4
 
 
-class CompiledDelayStep:
-    """Bound to one :class:`DelayStates`' arrays; ``__call__`` is its step's fast path."""
+class DelayStepTwin:
+    """``native/delay.c``'s step of one :class:`DelayStates` on the caller's buffers: a step
+    of the slots in ``slots[lo:hi]`` reads rows ``[lo, hi)`` of ``pair`` (R, 2) and ``audio``
+    (R, K, A) float32 and writes rows ``[lo, hi)`` of ``out`` (R, 1 + K) int64."""
 
-    def __init__(self, states: DelayStates) -> None:
-        ids = states.ids
-        self._states = states  # owns the arrays the struct points into
+    compiled = True
+
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        states: DelayStates,
+        slots: np.ndarray,
+        pair: np.ndarray,
+        audio: np.ndarray,
+        out: np.ndarray,
+        spec: DelayStep,
+    ) -> None:
+        k, a = states.n_vq, states.n_audio
+        r = slots.shape[0] if slots.ndim == 1 else -1
+        if slots.dtype != np.int64 or not slots.flags.c_contiguous:
+            raise Unreadable(f"slots must be a contiguous 1-D int64 array, got {slots.dtype} {slots.shape}")
+        if pair.shape != (r, 2) or audio.shape != (r, k, a) or out.shape != (r, 1 + k) or out.dtype != np.int64:
+            raise Unreadable(f"buffers of {r} rows must be pair ({r}, 2), audio ({r}, {k}, {a}), out int64 ({r}, {1 + k})")
+        if not _readable(pair, audio, out):
+            raise Unreadable("logits must be float32 with whole-element strides and rows out contiguous")
         arrays = {
             "audio_length": (states.audio_length, np.int64),
             "delayed_length": (states.delayed_length, np.int64),
@@ -51,76 +67,61 @@ class CompiledDelayStep:
             "audio_penalty": (states.audio_penalty, np.float32),
             "seen": (states.seen, np.bool_),
         }
-        for name, (a, dtype) in arrays.items():
-            if a.dtype != dtype or not a.flags.c_contiguous:  # a change in DelayStates
-                raise TypeError(f"DelayStates.{name} must be contiguous {np.dtype(dtype)}, got {a.dtype}")
+        for name, (arr, dtype) in arrays.items():
+            if arr.dtype != dtype or not arr.flags.c_contiguous:  # a change in DelayStates
+                raise TypeError(f"DelayStates.{name} must be contiguous {np.dtype(dtype)}, got {arr.dtype}")
+        ids = states.ids
+        self._capacity = states.capacity
         self._mark = np.zeros(states.capacity, dtype=np.uint8)
-        self._bad = np.zeros(states.capacity, dtype=np.uint8)
-        self._scratch = np.zeros(16 * states.n_audio, dtype=np.uint8)  # rows with top-k > 256 or off
+        self._bad = np.zeros(r, dtype=np.uint8)
+        # room for one sorted row per bound row (rows with top-k > 256 or off): a call on a
+        # range of rows uses its first row's, so calls on disjoint ranges share nothing
+        self._scratch_row = 16 * a
+        self._scratch = np.zeros(max(r, 1) * self._scratch_row, dtype=np.uint8)
         self._struct = SttDelayStates(
-            capacity=states.capacity,
-            n_vq=ids.n_vq,
-            n_audio=states.n_audio,
-            pair_swapped=int(ids.gen_slot > ids.delay_slot),
-            pad=ids.pad,
-            gen_slot=ids.gen_slot,
-            delay_slot=ids.delay_slot,
-            audio_start=ids.audio_start,
-            audio_end=ids.audio_end,
-            im_end=ids.im_end,
-            audio_pad_code=ids.audio_pad_code,
-            text_salt=stream_salt(TEXT_STREAM),
-            audio_salt=stream_salt(AUDIO_STREAM),
-            mark=_ptr(self._mark),
-            **{name: _ptr(a) for name, (a, _) in arrays.items()},
-        )
-        self._ref = ctypes.byref(self._struct)
-        self._fn = load_bridge().stt_delay_step
-
-    def __call__(self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> bool:
-        """Step ``slots`` (shapes already checked by the caller); False when this step needs
-        the Python one (a stream outside audio mode, or logits in a layout it does not read),
-        with nothing changed."""
-        if not _readable(pair, audio, out):
-            return False
-        s = np.ascontiguousarray(slots, dtype=np.int64)
-        n = s.shape[0]
-        rc = self._fn(
-            self._ref, _ptr(s), n, _ptr(pair), pair.strides[0] // 4, _ptr(audio),
-            audio.strides[0] // 4, audio.strides[1] // 4, _ptr(out), _ptr(self._scratch), _ptr(self._bad),
+            capacity=states.capacity, n_vq=k, n_audio=a, pair_swapped=int(ids.gen_slot > ids.delay_slot),
+            pad=ids.pad, gen_slot=ids.gen_slot, delay_slot=ids.delay_slot, audio_start=ids.audio_start,
+            audio_end=ids.audio_end, im_end=ids.im_end, audio_pad_code=ids.audio_pad_code,
+            text_salt=stream_salt(TEXT_STREAM), audio_salt=stream_salt(AUDIO_STREAM), mark=ptr(self._mark),
+            **{name: ptr(arr) for name, (arr, _) in arrays.items()},
         )  # fmt: skip
-        return self.result(rc, s)
+        self._keep = (states, slots, pair, audio, out)  # what the addresses point into
+        self._ref = ctypes.byref(self._struct)
+        self._fn = lib.stt_delay_step
+        self._spec = spec
+        self._slots = slots
+        self._rows = r
+        # each buffer's address and the bytes from one row to the next
+        bufs = (slots, pair, audio, out, self._scratch, self._bad)
+        self._at0 = tuple(int(ptr(x) or 0) for x in bufs)
+        self._row_bytes = tuple(x.strides[0] for x in bufs[:4]) + (self._scratch_row, 1)
+        self._strides = (pair.strides[0] // 4, audio.strides[0] // 4, audio.strides[1] // 4)
+        self.handed_back = 0
+        """Steps that went to the spec (a stream outside audio mode)."""
 
-    def bind_buffers(self, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> BoundDelayStep | None:
-        """This step on buffers fixed for good (see ``DelayStates.bound_step``); None when
-        their layout is not one it reads."""
-        k, a = self._states.n_vq, self._states.n_audio
-        r = slots.shape[0] if slots.ndim == 1 else -1
-        if (
-            slots.dtype != np.int64
-            or not slots.flags.c_contiguous
-            or pair.shape != (r, 2)
-            or audio.shape != (r, k, a)
-            or out.shape != (r, 1 + k)
-            or out.dtype != np.int64
-        ):
-            return None
-        return BoundDelayStep(self, slots, pair, audio, out) if _readable(pair, audio, out) else None
-
-    def result(self, rc: int, s: np.ndarray) -> bool:
-        """The step's return code for slots ``s``: True (taken), False (the Python step's),
-        or the error it stands for."""
+    def __call__(self, lo: int, hi: int) -> None:
+        if not 0 <= lo <= hi <= self._rows:
+            check_range(lo, hi, self._rows)
+        s, p, au, o, sc, bd = self._at0  # the engine's call (lo = 0): the addresses as bound
+        if lo:
+            s_b, p_b, au_b, o_b, sc_b, bd_b = self._row_bytes
+            s, p, au, o, sc, bd = s + lo * s_b, p + lo * p_b, au + lo * au_b, o + lo * o_b, sc + lo * sc_b, bd + lo * bd_b
+        ps, ab, ak = self._strides
+        rc = self._fn(self._ref, s, hi - lo, p, ps, au, ab, ak, o, sc, bd)
         if rc == _DONE:
-            return True
+            return
         if rc == _NEEDS_TEXT:
-            return False
+            self.handed_back += 1
+            self._spec(lo, hi)
+            return
+        slots = self._slots[lo:hi]
         if rc == _BAD_SLOTS:
-            raise ValueError(f"slots must be distinct and in [0, {self._states.capacity}), got {s.tolist()}")
-        bad = np.flatnonzero(self._bad[: s.shape[0]])
+            raise ValueError(f"slots must be distinct and in [0, {self._capacity}), got {slots.tolist()}")
+        bad = np.flatnonzero(self._bad[lo:hi])
         if rc == _BAD_TEXT:
-            raise NonFiniteLogitsError(s[bad], "text of slots")
+            raise NonFiniteLogitsError(slots[bad], "text of slots")
         if rc == _BAD_AUDIO:
-            raise NonFiniteLogitsError(np.unique(s[bad]), "audio of slots")
+            raise NonFiniteLogitsError(np.unique(slots[bad]), "audio of slots")
         raise RuntimeError(f"stt_delay_step returned {rc}")  # cannot happen: scratch is always given
 
 
@@ -136,30 +137,3 @@ def _readable(pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> bool:
         or audio.strides[1] % 4
         or not out.flags.c_contiguous
     )
-
-
-class BoundDelayStep:
-    """:class:`CompiledDelayStep` on the engine's buffers, addresses and strides worked out
-    once: a step is one call. Why: after a decode every Python and NumPy call runs on cold
-    caches, and the checks and address lookups of a general call cost about 0.1 ms a step
-    there (measured in the engine)."""
-
-    def __init__(self, step: CompiledDelayStep, slots: np.ndarray, pair: np.ndarray, audio: np.ndarray, out: np.ndarray) -> None:
-        self._step = step
-        self._keep = (slots, pair, audio, out)  # the buffers the addresses point into
-        self._slots = slots
-        self._rows = slots.shape[0]
-        self._fn = step._fn
-        self._ref = step._ref
-        self._head = _ptr(slots)
-        self._tail = (
-            _ptr(pair), pair.strides[0] // 4, _ptr(audio), audio.strides[0] // 4, audio.strides[1] // 4,
-            _ptr(out), _ptr(step._scratch), _ptr(step._bad),
-        )  # fmt: skip
-
-    def __call__(self, n: int) -> bool:
-        """Step the first ``n`` slots of the slot buffer (distinct) on the first ``n`` rows."""
-        if n > self._rows:
-            raise ValueError(f"{n} streams do not fit the {self._rows} rows bound")
-        rc = self._fn(self._ref, self._head, n, *self._tail)
-        return rc == _DONE or self._step.result(rc, self._slots[:n])

@@ -2,9 +2,8 @@
 
 :class:`~streamtts.model.tables.Embedder` stays the specification: the text row then the
 32 codebook rows added one after another in float32, which ``embed.c`` does in the same
-order (same bits; ``tests/kernels/test_embed_native.py``). The engine binds it to its next rows,
-slot buffer and input buffer (``sampler: native``, the default): after a decode each NumPy
-call runs on cold caches, and the five calls of a step's embedding cost about 0.1 ms there.
+order (same bits; ``tests/kernels/test_conformance.py``). Why: after a decode each NumPy call
+runs on cold caches, and the five calls of a step's embedding cost about 0.1 ms there.
 """
 
 from __future__ import annotations
@@ -13,52 +12,54 @@ import ctypes
 
 import numpy as np
 
-from ..model._llama import SttEmbed, load_bridge
-from ..model._llama import ptr as _ptr
+from ..model._llama import SttEmbed, ptr
 from ..model.tables import Embedder
+from .entries import Unreadable, check_range
 
 
-class BoundEmbedder:
-    """Writes the embedding of ``rows[slots[b]]`` to ``out[b]`` for b < n."""
+class StepEmbedTwin:
+    """Writes the embedding of ``rows[slots[b]]`` to ``out[b]`` for b in ``[lo, hi)``."""
 
-    def __init__(self, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    compiled = True
+
+    def __init__(self, lib: ctypes.CDLL, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
         text, audio = embedder.text, embedder.audio
         h, k = embedder.n_embd, embedder.n_vq
         if text.dtype not in (np.float16, np.float32) or not text.flags.c_contiguous:
-            raise ValueError(f"the text table must be contiguous float16 or float32, got {text.dtype}")
+            raise Unreadable(f"the text table must be contiguous float16 or float32, got {text.dtype}")
         if audio.dtype != np.float32 or not audio.flags.c_contiguous:  # a change in Embedder
             raise TypeError(f"Embedder.audio must be contiguous float32, got {audio.dtype}")
         if slots.dtype != np.int64 or slots.ndim != 1 or not slots.flags.c_contiguous:
-            raise ValueError(f"slots must be a contiguous 1-D int64 array, got {slots.dtype} {slots.shape}")
+            raise Unreadable(f"slots must be a contiguous 1-D int64 array, got {slots.dtype} {slots.shape}")
         if rows.dtype != np.int64 or rows.ndim != 2 or rows.shape[1] != 1 + k or rows.strides[1] != 8:
-            raise ValueError(f"rows must be int64 (N, {1 + k}) with contiguous ids, got {rows.dtype} {rows.shape}")
+            raise Unreadable(f"rows must be int64 (N, {1 + k}) with contiguous ids, got {rows.dtype} {rows.shape}")
         if out.dtype != np.float32 or out.ndim != 2 or out.shape[1] != h or out.strides[1] != 4:
-            raise ValueError(f"out must be float32 (N, {h}) with contiguous rows, got {out.dtype} {out.shape}")
-        self._keep = (text, audio, slots, rows, out)  # the arrays the addresses point into
+            raise Unreadable(f"out must be float32 (N, {h}) with contiguous rows, got {out.dtype} {out.shape}")
+        self._keep = (text, audio, slots, rows, out)  # what the addresses point into
         self._struct = SttEmbed(
-            n_embd=h,
-            text_rows=text.shape[0],
-            n_vq=k,
-            audio_rows=embedder.rows,
-            text_f16=int(text.dtype == np.float16),
-            text=_ptr(text),
-            audio=_ptr(audio),
-        )
+            n_embd=h, text_rows=text.shape[0], n_vq=k, audio_rows=embedder.rows,
+            text_f16=int(text.dtype == np.float16), text=ptr(text), audio=ptr(audio),
+        )  # fmt: skip
         self._ref = ctypes.byref(self._struct)
-        self._fn = load_bridge().stt_embed_rows
+        self._fn = lib.stt_embed_rows
         self._n_max = min(slots.shape[0], out.shape[0])
         self._n_rows = rows.shape[0]
         self._slots = slots
         self._rows = rows
-        self._args = (_ptr(slots), _ptr(rows), rows.strides[0] // 8, _ptr(out), out.strides[0] // 4)
+        self._rows_p, self._row_stride = int(ptr(rows) or 0), rows.strides[0] // 8
+        self._out_stride = out.strides[0] // 4
+        # each buffer's address and the bytes from one row to the next
+        self._at0 = (int(ptr(slots) or 0), int(ptr(out) or 0))
+        self._row_bytes = (slots.strides[0], out.strides[0])
 
-    def __call__(self, n: int) -> None:
-        """Embed the rows of the first ``n`` slots of the slot buffer."""
-        if n > self._n_max:
-            raise ValueError(f"{n} streams do not fit the {self._n_max} rows bound")
-        a = self._args
-        rc = self._fn(self._ref, a[0], n, a[1], self._n_rows, a[2], a[3], a[4])
+    def __call__(self, lo: int, hi: int) -> None:
+        if not 0 <= lo <= hi <= self._n_max:
+            check_range(lo, hi, self._n_max)
+        s, o = self._at0  # the engine's call (lo = 0): the addresses as bound
+        if lo:
+            s, o = s + lo * self._row_bytes[0], o + lo * self._row_bytes[1]
+        rc = self._fn(self._ref, s, hi - lo, self._rows_p, self._n_rows, self._row_stride, o, self._out_stride)
         if rc == -1:
-            raise ValueError(f"slots must be in [0, {self._n_rows}), got {self._slots[:n].tolist()}")
+            raise ValueError(f"slots must be in [0, {self._n_rows}), got {self._slots[lo:hi].tolist()}")
         if rc < 0:
-            raise ValueError(f"an id out of range in rows {self._rows[self._slots[:n]].tolist()}")
+            raise ValueError(f"an id out of range in rows {self._rows[self._slots[lo:hi]].tolist()}")

@@ -1,8 +1,8 @@
 """The compiled row sampler (``native/sampler.c``): :func:`core.sampling.sample_rows`, faster.
 
-Same arguments, same tokens for the same uniforms (``tests/kernels/test_native_sampler.py``
-checks token for token against the NumPy sampler and its plain reference), so the
-engine can use either (``sampler: numpy`` in the config turns this one off). Two
+Same arguments, same tokens for the same uniforms (``tests/kernels/test_conformance.py``
+checks token for token against the NumPy sampler), so the engine can use either (the
+config's ``kernels: ["-row_sampler"]`` or ``sampler: numpy`` turns this one off). Two
 differences, both allowed by ``sample_rows``' contract: ``logits`` is only read (the
 NumPy sampler scales it in place), and it may be any float32 array whose last axis
 is contiguous, with rows numbered over its leading axes in C order, so strided views
@@ -12,7 +12,7 @@ is contiguous, with rows numbered over its leading axes in C order, so strided v
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,22 +21,13 @@ from ..errors import NonFiniteLogitsError
 from ..model._llama import load_bridge
 from ..model._llama import ptr as _ptr
 
-if TYPE_CHECKING:
-    from ..core.delay_state import DelayStates
-    from ..core.frames import FrameAssembler
-    from ..model.tables import Embedder
-    from .delay_step import CompiledDelayStep
-    from .embed import BoundEmbedder
-    from .frame_push import BoundFramePush
-
 _SMALL_K = 256  # sampler.c keeps up to this many candidates on its stack; above, scratch
 
 
 class NativeSampler:
-    """Callable like ``sample_rows``; one per thread (it keeps its buffers)."""
-
-    accepts_strided = True
-    """Rows may be strided views over several leading axes (``DelayStates`` passes them uncopied)."""
+    """Callable like ``sample_rows``; one per thread (it keeps its buffers). Rows may be
+    strided views over several leading axes (``DelayStates(strided_rows=True)`` passes them
+    uncopied)."""
 
     def __init__(self, lib: ctypes.CDLL | None = None) -> None:
         self._fn = (lib if lib is not None else load_bridge()).stt_sample_rows
@@ -117,29 +108,6 @@ class NativeSampler:
         if rc:
             raise NonFiniteLogitsError(np.flatnonzero(bad))
         return out
-
-    def bind_states(self, states: DelayStates) -> CompiledDelayStep:
-        """The compiled step of ``states`` (``DelayStates`` asks its sampler for one)."""
-        from .delay_step import CompiledDelayStep
-
-        return CompiledDelayStep(states)
-
-    def bind_frames(self, assembler: FrameAssembler, slots: np.ndarray, rows: np.ndarray) -> BoundFramePush:
-        """The compiled push of ``assembler`` on a step's slot numbers and rows, bound once
-        (the engine asks its sampler for one: compiled twins go together)."""
-        from .frame_push import BoundFramePush
-
-        return BoundFramePush(assembler, slots, rows)
-
-    def bind_embedder(self, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> BoundEmbedder | None:
-        """The compiled step embedding of ``embedder`` on the rows of a step's slots, bound
-        once; None for tables it does not read (the NumPy embedding then)."""
-        from .embed import BoundEmbedder
-
-        try:
-            return BoundEmbedder(embedder, slots, rows, out)
-        except ValueError:
-            return None
 
     @staticmethod
     def _offsets(logits: np.ndarray, sel: np.ndarray) -> np.ndarray:

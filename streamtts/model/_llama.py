@@ -4,8 +4,9 @@
 The bridge wraps llama.cpp (the copy vendored by llama-cpp-python 0.3.36) behind a
 few plain C functions; ``native/build.sh`` builds both into one folder of the cache.
 Each declaration below carries the C prototype it mirrors as a comment: when
-``bridge.c`` changes, this file changes with it (``stt_params.struct_size`` catches
-a mismatch at run time).
+a C file changes, this file changes with it. Every struct mirrored here is defined once, in
+``native/stt.h``, and the library exports its size (``stt_sizeof_<name>``): the load compares
+each with its ctypes mirror and names the one that differs.
 
 Discovery: ``STREAMTTS_BRIDGE_LIB`` (a file) wins; otherwise the pointers build.sh
 writes, ``<cache>/native/current-cuda`` and ``current-cpu``, with
@@ -64,7 +65,7 @@ c_uint64 = ctypes.c_uint64
 c_char_p = ctypes.c_char_p
 
 
-# typedef struct stt_params {
+# typedef struct stt_params {   (native/stt.h, used by bridge.c)
 #     int32_t struct_size; int32_t n_ctx; int32_t n_batch; int32_t n_ubatch; int32_t n_seq_max;
 #     int32_t n_threads; int32_t n_threads_batch; int32_t n_gpu_layers; int32_t type_k;
 #     int32_t type_v; int32_t flash_attn; int32_t kv_unified; int32_t embeddings; int32_t poll;
@@ -109,7 +110,7 @@ def ptr(a: Any) -> int | None:
 #     float *audio_temperature; int64_t *audio_top_k; double *audio_top_p; float *audio_penalty;
 #     uint8_t *seen;
 #     uint8_t *mark;
-# } stt_delay_states;   (native/delay.c)
+# } stt_delay_states;   (native/stt.h, used by delay.c)
 class SttDelayStates(ctypes.Structure):
     _fields_ = [
         *((n, c_int32) for n in ("capacity", "n_vq", "n_audio", "pair_swapped")),
@@ -135,7 +136,7 @@ DELAY_STEP_ARGS = [ctypes.POINTER(SttDelayStates), _P, c_int32, _P, ctypes.c_int
 #     int32_t capacity, n_vq;
 #     int64_t pad;
 #     int64_t *ring, *count;
-# } stt_frames;   (native/frames.c)
+# } stt_frames;   (native/stt.h, used by frames.c)
 class SttFrames(ctypes.Structure):
     _fields_ = [("capacity", c_int32), ("n_vq", c_int32), ("pad", ctypes.c_int64), ("ring", _P), ("count", _P)]
 
@@ -145,7 +146,7 @@ class SttFrames(ctypes.Structure):
 #     int32_t text_f16;
 #     const void *text;
 #     const float *audio;
-# } stt_embed;   (native/embed.c)
+# } stt_embed;   (native/stt.h, used by embed.c)
 class SttEmbed(ctypes.Structure):
     _fields_ = [
         *((n, ctypes.c_int64) for n in ("n_embd", "text_rows", "n_vq", "audio_rows")),
@@ -153,6 +154,17 @@ class SttEmbed(ctypes.Structure):
         ("text", _P),
         ("audio", _P),
     ]
+
+
+# size_t stt_sizeof_params(void); size_t stt_sizeof_delay_states(void);
+# size_t stt_sizeof_frames(void); size_t stt_sizeof_embed(void);   (native/stt.h)
+MIRRORED: dict[str, type[ctypes.Structure]] = {
+    "params": SttParams,
+    "delay_states": SttDelayStates,
+    "frames": SttFrames,
+    "embed": SttEmbed,
+}
+"""Each struct of ``native/stt.h`` by the name its ``stt_sizeof_<name>`` carries."""
 
 
 def _declarer(lib: ctypes.CDLL, missing: str) -> Callable[[str, object, list[object]], None]:
@@ -176,8 +188,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 
     # void stt_params_default(stt_params *p);
     fn("stt_params_default", None, [P(SttParams)])
-    # int32_t stt_params_size(void);
-    fn("stt_params_size", c_int32, [])
+    for name in MIRRORED:  # size_t stt_sizeof_<name>(void);
+        fn(f"stt_sizeof_{name}", ctypes.c_size_t, [])
     # stt_ctx *stt_create(const char *model_path, const stt_params *p,
     #                     int32_t *status, char *err, int32_t err_len);
     fn("stt_create", c_void_p, [c_char_p, P(SttParams), P(c_int32), c_char_p, c_int32])
@@ -290,14 +302,21 @@ def _open(path: Path) -> ctypes.CDLL:
             f"cannot load the llama.cpp bridge {path}: {exc}; {BUILD_HINT}"
         ) from exc
     _declare(lib)
-    expected = ctypes.sizeof(SttParams)
-    got = int(lib.stt_params_size())
-    if got != expected:
-        raise NativeLibraryError(
-            f"{path}: stt_params is {got} bytes in the library but {expected} in streamtts/_llama.py; "
-            f"rebuild with `native/build.sh`"
-        )
+    check_layouts(lib, path)
     return lib
+
+
+def check_layouts(lib: ctypes.CDLL, path: Path) -> None:
+    """Every struct of ``native/stt.h`` has the size of its mirror here, or the library is
+    another version than this Python code (its fields would be read scrambled)."""
+    for name, mirror in MIRRORED.items():
+        got = int(getattr(lib, f"stt_sizeof_{name}")())
+        expected = ctypes.sizeof(mirror)
+        if got != expected:
+            raise NativeLibraryError(
+                f"{path}: stt_{name} is {got} bytes in the library but {expected} in "
+                f"streamtts/model/_llama.py ({mirror.__name__}); rebuild with `native/build.sh`"
+            )
 
 
 _lock = threading.Lock()

@@ -110,10 +110,6 @@ def flash_attn_id(value: str | bool) -> int:
         ) from None
 
 
-def _ptr(a: npt.NDArray[Any] | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(None if a is None else a.ctypes.data)
-
-
 class Backbone:
     """One llama.cpp model + context (see the module docstring)."""
 
@@ -169,7 +165,7 @@ class Backbone:
         self.n_batch: int = lib.stt_n_batch(h)
         self.n_threads: int = lib.stt_n_threads(h)
         self._n_cols: int = int(self.n_vocab)
-        self._bound: tuple[ctypes.c_void_p, ...] | None = None
+        self._bound: tuple[int | None, ...] | None = None
         self._bound_arrays: tuple[npt.NDArray[Any] | None, ...] = ()
         self._bound_rows = 0
         self._bound_out_rows = 0
@@ -340,7 +336,7 @@ class Backbone:
                 f"hidden_out has {hidden_out.shape[0]} rows but logits_out has {logits_out.shape[0]}",
             )  # fmt: skip
         self._bound_arrays = (embd, pos, seq, output, hidden_out, logits_out)
-        self._bound = tuple(_ptr(a) for a in self._bound_arrays)
+        self._bound = tuple(_llama.ptr(a) for a in self._bound_arrays)
         self._bound_rows = rows
         self._bound_out_rows = _out_rows(hidden_out, logits_out)
         self._bound_strides = (
@@ -375,8 +371,8 @@ class Backbone:
                 "decode_bound", STT_E_INVALID,
                 f"{self._n_cols} logit columns selected but the bound logits_out has {self._bound_cols}; bind() again",
             )  # fmt: skip
-        hidden: ctypes.c_void_p | int | None = b[4] if want_hidden else None
-        logits: ctypes.c_void_p | int | None = b[5]
+        hidden = b[4] if want_hidden else None
+        logits = b[5]
         if out_offset:
             if not 0 <= out_offset <= self._bound_out_rows:
                 raise BackboneError(
@@ -518,9 +514,7 @@ class Backbone:
             )
 
 
-def _offset(p: ctypes.c_void_p | int | None, nbytes: int) -> int | None:
-    if isinstance(p, ctypes.c_void_p):
-        p = p.value
+def _offset(p: int | None, nbytes: int) -> int | None:
     return None if p is None else p + nbytes
 
 

@@ -1,0 +1,74 @@
+"""The specifications as kernel entries: the NumPy code of ``core/`` and ``model/tables.py``
+on the same bound buffers as the twins, so a caller never asks which one it has."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..core.delay_state import DelayStates
+from ..core.frames import FrameAssembler
+from ..model.tables import Embedder
+from .entries import check_range
+
+
+class SpecDelayStep:
+    """:meth:`DelayStates.step` of the slots in ``slots[lo:hi]`` on rows ``[lo, hi)`` of
+    ``pair``, ``audio`` and ``out``; ``full_text(i)`` gives bound row i's full text logits."""
+
+    compiled = False
+
+    def __init__(
+        self,
+        states: DelayStates,
+        slots: np.ndarray,
+        pair: np.ndarray,
+        audio: np.ndarray,
+        out: np.ndarray,
+        full_text: Callable[[int], np.ndarray],
+    ) -> None:
+        self._states, self._slots, self._pair, self._audio, self._out = states, slots, pair, audio, out
+        self._full = full_text
+
+    def __call__(self, lo: int, hi: int) -> None:
+        check_range(lo, hi, self._slots.shape[0])
+        full = self._full if lo == 0 else (lambda b: self._full(lo + b))
+        self._states.step(self._slots[lo:hi], self._pair[lo:hi], self._audio[lo:hi], full, out=self._out[lo:hi])
+
+
+class SpecFramePush:
+    """:meth:`FrameAssembler.push` of ``rows[lo:hi]`` to the slots in ``slots[lo:hi]``."""
+
+    compiled = False
+
+    def __init__(self, assembler: FrameAssembler, slots: np.ndarray, rows: np.ndarray) -> None:
+        r, k = slots.shape[0], assembler.n_vq
+        self._assembler, self._slots, self._rows = assembler, slots, rows
+        self.frames = np.zeros((r, k), dtype=np.int64)
+        self.ready = np.zeros(r, dtype=np.bool_)
+        self.index = np.zeros(r, dtype=np.int64)
+
+    def __call__(self, lo: int, hi: int) -> int:
+        check_range(lo, hi, self._slots.shape[0])
+        _, ready, index = self._assembler.push(self._slots[lo:hi], self._rows[lo:hi], frames_out=self.frames[lo:hi])
+        self.ready[lo:hi] = ready
+        self.index[lo:hi] = index
+        return int(np.count_nonzero(ready))
+
+
+class SpecStepEmbed:
+    """:meth:`Embedder.__call__` of ``rows[slots[lo:hi]]`` into ``out[lo:hi]``."""
+
+    compiled = False
+
+    def __init__(self, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        self._embedder, self._slots, self._rows, self._out = embedder, slots, rows, out
+        self._n_max = min(slots.shape[0], out.shape[0])
+        self._gathered = np.zeros((self._n_max, rows.shape[1]), dtype=np.int64)
+
+    def __call__(self, lo: int, hi: int) -> None:
+        check_range(lo, hi, self._n_max)
+        g = self._gathered[lo:hi]
+        np.take(self._rows, self._slots[lo:hi], axis=0, out=g, mode="clip")  # "clip": no buffered copy
+        self._embedder(g, out=self._out[lo:hi])
