@@ -14,7 +14,7 @@ same distribution as the official full-vocabulary masked sampling (masked
 tokens get probability 0 and sort after the two finite candidates), and with
 the canonical candidate order even the same token for the same uniform.
 
-:func:`reference_step` is the plain single-sequence transcription of the
+:func:`spec_step` is the plain single-sequence transcription of the
 official step, kept next to the vectorised one so tests (and the engine's
 conformance test) can check :meth:`DelayStates.step` row for row.
 
@@ -39,7 +39,7 @@ from .sampling import (
     SamplerWorkspace,
     counter_uniforms,
     sample_rows,
-    sample_rows_reference,
+    sample_rows_spec,
     seed_to_uint64,
 )
 from .tokens import TokenIds
@@ -372,11 +372,11 @@ class DelayStates:
         self.seen[s[rb], kk, sampled] = True
 
 
-# -- reference (plain, single sequence) ------------------------------------------------
+# -- the plain spec (single sequence) ---------------------------------------------------
 
 
 @dataclass
-class ReferenceState:
+class SpecState:
     """One sequence's state exactly as the contract/official code keeps it."""
 
     audio_length: int = 0
@@ -388,11 +388,11 @@ class ReferenceState:
     audio_history: list[list[int]] = field(default_factory=list)
 
 
-def reference_init(prompt: np.ndarray, ids: TokenIds) -> ReferenceState:
+def spec_init(prompt: np.ndarray, ids: TokenIds) -> SpecState:
     """The official ``init_delay_state`` on a (S, 1 + K) prompt."""
     p = _check_prompt(prompt, ids)
     al, isa = _initial_audio(p[:, 0], ids)
-    return ReferenceState(
+    return SpecState(
         audio_length=al,
         is_audio=isa,
         text_history=[int(t) for t in p[:, 0]],
@@ -400,8 +400,8 @@ def reference_init(prompt: np.ndarray, ids: TokenIds) -> ReferenceState:
     )
 
 
-def reference_step(
-    state: ReferenceState,
+def spec_step(
+    state: SpecState,
     text_logits: np.ndarray,
     audio_logits: np.ndarray,
     sampling: SamplingParams,
@@ -412,7 +412,7 @@ def reference_step(
 
     ``text_logits`` (V,) full text vocabulary, ``audio_logits`` (K, A); neither
     is modified. Uses the same uniforms as :meth:`DelayStates.step`
-    (``counter_uniforms(seed, time_step, ...)``) and :func:`sample_rows_reference`,
+    (``counter_uniforms(seed, time_step, ...)``) and :func:`sample_rows_spec`,
     with each codebook's own history for the repetition penalty. Slow; tests only.
     """
     k_n = ids.n_vq
@@ -443,7 +443,7 @@ def reference_step(
             scaled[ids.im_end] = -np.inf
         u = counter_uniforms(key, ctr, 1, TEXT_STREAM)[0]
         next_text = int(
-            sample_rows_reference(
+            sample_rows_spec(
                 scaled[None, :],
                 np.array([sampling.text_temperature]),
                 np.array([sampling.text_top_k]),
@@ -464,7 +464,7 @@ def reference_step(
             row[pad_code] = -np.inf
             history = [h[k] for h in state.audio_history]
             next_audio[k] = int(
-                sample_rows_reference(
+                sample_rows_spec(
                     row[None, :],
                     np.array([sampling.audio_temperature]),
                     np.array([sampling.audio_top_k]),
