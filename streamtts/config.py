@@ -152,6 +152,10 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # twin, "-name" its specification; names: row_sampler, delay_step, frame_push, step_embed
     # (e.g. ["-delay_step"], or with sampler: numpy ["+row_sampler"])
     kernels: list[str] = msgspec.field(default_factory=list)
+    # threads the CPU side of a tick (sampling, state machine, embedding) is cut across when
+    # a step has at least 64 streams (32 rows each at the least); 0 = the cores this process
+    # may run on, at most 8; 1 = the engine thread alone. Outputs do not depend on it.
+    tick_threads: int = 0
     log_llama: bool = False  # forward llama.cpp's own log lines
     # Engine.start(): pay the first request's one-off costs at load (the default prompt's
     # prefix into the prefix cache, llama.cpp's one-row graph, the codec's first call)

@@ -295,6 +295,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "model_config": str(mc) if mc else "defaults",
         "sampler": cfg.sampler,
         "kernels": core.kernels.describe(),
+        "tick_threads": core.kernels.split.threads,
         "codec": worker.codec.kind,
         "codec_turns": worker.turns.enabled,
         "codec_state_mib_per_stream": _codec_state_mib(worker),

@@ -197,6 +197,7 @@ class EngineCore:
             self._thread.join()
         if self.heads is not None:
             self.heads.close()
+        self.kernels.close()
 
     @property
     def active_streams(self) -> int:

@@ -88,7 +88,8 @@ class DelayStepTwin:
         self._keep = (states, slots, pair, audio, out)  # what the addresses point into
         self._ref = ctypes.byref(self._struct)
         self._fn = lib.stt_delay_step
-        self._spec = spec
+        self.spec = spec
+        """The spec entry on the same buffers (the steps C hands back)."""
         self._slots = slots
         self._rows = r
         # each buffer's address and the bytes from one row to the next
@@ -100,6 +101,13 @@ class DelayStepTwin:
         """Steps that went to the spec (a stream outside audio mode)."""
 
     def __call__(self, lo: int, hi: int) -> None:
+        if not self.try_compiled(lo, hi):
+            self.spec(lo, hi)
+
+    def try_compiled(self, lo: int, hi: int) -> bool:
+        """The step of rows ``[lo, hi)`` in C; False when a stream there is outside audio mode
+        (nothing changed: the caller runs :attr:`spec` on the range). Calls on disjoint ranges
+        may run at once (each row has its own scratch; the GIL is released)."""
         if not 0 <= lo <= hi <= self._rows:
             check_range(lo, hi, self._rows)
         s, p, au, o, sc, bd = self._at0  # the engine's call (lo = 0): the addresses as bound
@@ -109,11 +117,10 @@ class DelayStepTwin:
         ps, ab, ak = self._strides
         rc = self._fn(self._ref, s, hi - lo, p, ps, au, ab, ak, o, sc, bd)
         if rc == _DONE:
-            return
+            return True
         if rc == _NEEDS_TEXT:
-            self.handed_back += 1
-            self._spec(lo, hi)
-            return
+            self.handed_back += 1  # a plain int: a lost count between threads is harmless
+            return False
         slots = self._slots[lo:hi]
         if rc == _BAD_SLOTS:
             raise ValueError(f"slots must be distinct and in [0, {self._capacity}), got {slots.tolist()}")

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..model.tables import Embedder
 from .entries import DelayStep, FramePush, StepEmbed, Unreadable
 from .spec import SpecDelayStep, SpecFramePush, SpecStepEmbed
+from .split import RowSplit, SplitDelayStep, SplitStepEmbed, auto_threads
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,10 @@ class Kernels:
     """The engine's kernels, built once (``engine/assemble.py``): ``twins`` names the ones
     that run compiled; each ``bind_*`` returns that kernel's entry on the caller's buffers."""
 
-    def __init__(self, twins: Iterable[str] = (), lib: ctypes.CDLL | None = None) -> None:
+    def __init__(self, twins: Iterable[str] = (), lib: ctypes.CDLL | None = None, threads: int = 1) -> None:
         self.twins = frozenset(twins)
+        self.split = RowSplit(threads)
+        """The threads a step's compiled kernels are cut across (``tick_threads``)."""
         unknown = self.twins - set(KERNEL_NAMES)
         if unknown:
             raise ValueError(f"no kernel named {', '.join(sorted(unknown))} (kernels: {', '.join(KERNEL_NAMES)})")
@@ -86,7 +89,9 @@ class Kernels:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> Kernels:
-        return cls(select_twins(cfg.sampler, cfg.kernels))
+        if cfg.tick_threads < 0:
+            raise ConfigError(f"tick_threads must be >= 0 (0 = automatic), got {cfg.tick_threads}")
+        return cls(select_twins(cfg.sampler, cfg.kernels), threads=cfg.tick_threads or auto_threads())
 
     @property
     def reads_strided_audio(self) -> bool:
@@ -119,7 +124,10 @@ class Kernels:
             return spec
         from .delay_step import DelayStepTwin
 
-        return self._twin("delay_step", spec, lambda: DelayStepTwin(self._bridge, states, slots, pair, audio, out, spec))
+        step = self._twin("delay_step", spec, lambda: DelayStepTwin(self._bridge, states, slots, pair, audio, out, spec))
+        if isinstance(step, DelayStepTwin) and self.split.threads > 1:
+            return SplitDelayStep(step, self.split)
+        return step
 
     def bind_frame_push(self, assembler: FrameAssembler, slots: np.ndarray, rows: np.ndarray) -> FramePush:
         """``assembler``'s push of ``rows`` (R, K) int64 to the slots in ``slots`` (R,) int64."""
@@ -138,7 +146,14 @@ class Kernels:
             return spec
         from .embed import StepEmbedTwin
 
-        return self._twin("step_embed", spec, lambda: StepEmbedTwin(self._bridge, embedder, slots, rows, out))
+        embed = self._twin("step_embed", spec, lambda: StepEmbedTwin(self._bridge, embedder, slots, rows, out))
+        if isinstance(embed, StepEmbedTwin) and self.split.threads > 1:
+            return SplitStepEmbed(embed, self.split)
+        return embed
+
+    def close(self) -> None:
+        """The tick's pool threads (idempotent)."""
+        self.split.close()
 
     @property
     def _bridge(self) -> ctypes.CDLL:

@@ -142,13 +142,13 @@ def drive_row_sampler(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
 # -- delay step ---------------------------------------------------------------------------------
 
 
-def _prompt(rng: np.random.Generator, ids: TokenIds) -> np.ndarray:
+def _prompt(rng: np.random.Generator, ids: TokenIds, text: float = 0.1) -> np.ndarray:
     s = int(rng.integers(2, 9))
     p = np.full((s, 1 + ids.n_vq), ids.audio_pad_code, np.int64)
     p[:, 0] = 8 if ids.im_start < 100 else 100
     keep = rng.random((s, ids.n_vq)) < 0.3
     p[:, 1:][keep] = rng.integers(0, ids.audio_vocab_size, (s, ids.n_vq))[keep]
-    end = rng.choice(["audio_start", "gen", "text"], p=[0.6, 0.3, 0.1])
+    end = rng.choice(["audio_start", "gen", "text"], p=[0.65 - text / 2, 0.35 - text / 2, text])
     if end == "audio_start":
         p[-1, 0] = ids.audio_start
     elif end == "gen":
@@ -185,7 +185,7 @@ def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
     live = [int(s) for s in rng.permutation(cap)[: int(rng.integers(1, cap + 1))]]
 
     def reset(s: int) -> None:
-        states.reset(s, _prompt(rng, ids), random_sampling_params(rng, (0, 1, 5, 25, 300)), int(rng.integers(0, 2**63)))
+        states.reset(s, _prompt(rng, ids, p.get("text", 0.1)), random_sampling_params(rng, (0, 1, 5, 25, 300)), int(rng.integers(0, 2**63)))
 
     for s in live:
         reset(s)
@@ -195,7 +195,7 @@ def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
                 reset(s)
         batch = np.array(rng.permutation(live)[: int(rng.integers(1, len(live) + 1))], dtype=np.int64)
         b = batch.size
-        if b > 1 and rng.random() < 0.03:
+        if b > 1 and rng.random() < 0.03 and p.get("repeat", True):
             batch[1] = batch[0]  # a repeated slot: an error, nothing changed
         slot_buf[:b] = batch
         pair = (rng.standard_normal((b, 2)) * 2).astype(np.float32)
@@ -270,7 +270,7 @@ def drive_step_embed(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
     ids = IDS[p["ids"]]
     emb = ctx.embedder(ids, p["n_embd"], p["dtype"])
     rng = np.random.default_rng(p["seed"])
-    cap, k, text_rows = 6, ids.n_vq, emb.text.shape[0]
+    cap, k, text_rows = p.get("capacity", 6), ids.n_vq, emb.text.shape[0]
     rows = np.zeros((cap, 1 + k), np.int64)  # the engine's next rows, one per slot
     slots = np.zeros(2 * cap, np.int64)
     out = np.full((cap + 3, emb.n_embd), np.nan, np.float32)
@@ -280,8 +280,8 @@ def drive_step_embed(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
         rows[:, 0] = rng.integers(0, text_rows, cap)
         rows[:, 1:] = rng.integers(0, ids.audio_rows, (cap, k))
         if step % 5 == 0:
-            rows[:, 0] = [1, 2, 1, 2, 1, 2]  # the special halves
-        b = int(rng.integers(1, cap + 1))
+            rows[:, 0] = np.resize([1, 2], cap)  # the special halves
+        b = int(rng.integers(1, cap + 1)) if cap <= 8 else int(rng.integers(cap // 2, cap + 1))
         slots[:b] = rng.permutation(cap)[:b]
         for lo, hi in _ranges(rng, b, p["split"]):
             run.record(lambda lo, hi: (embed(lo, hi), out[lo:hi].copy())[1], lo, hi)
@@ -325,6 +325,7 @@ class Case:
     params: st.SearchStrategy[dict[str, Any]]
     examples: int
     min_handed_back: int = 0  # delay step: text mode must have reached the spec this often
+    threads: int = 1  # the twin's steps cut across this many threads (tick_threads)
 
 
 SEED = st.integers(0, 2**32 - 1)
@@ -353,6 +354,16 @@ CASES = [
     Case("step_embed", "real codebooks", drive_step_embed,
          st.fixed_dictionaries({"seed": SEED, "ids": st.just("real"), "n_embd": st.just(96), "dtype": st.just("float16"),
                                 "split": st.booleans(), "steps": st.just(30)}), 5),
+    # cut across threads (tick_threads, a GPU's many streams): steps of 64-96 streams in 2-3
+    # ranges at once; the engine's slots are distinct and an error fails the whole step, so
+    # these lifecycles have neither repeated slots nor bad rows
+    Case("delay_step", "across threads", drive_delay_step,
+         st.fixed_dictionaries({"seed": SEED, "ids": st.just("small"), "capacity": st.just(96), "fused": st.booleans(),
+                                "split": st.just(False), "steps": st.just(30), "bad": st.just(0.0), "repeat": st.just(False),
+                                "text": st.just(0.0), "delay": st.just((-9.0,) * 40 + (3.0,))}), 12, threads=3),
+    Case("step_embed", "across threads", drive_step_embed,
+         st.fixed_dictionaries({"seed": SEED, "ids": st.just("small"), "n_embd": st.just(24), "dtype": st.just("float16"),
+                                "split": st.just(False), "steps": st.just(20), "capacity": st.just(96)}), 8, threads=3),
 ]  # fmt: skip
 
 
@@ -367,7 +378,9 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.kernel}-{c.name.replace(' ', '_')}")
 def test_twin_is_its_spec(bridge_lib: Any, ctx: Ctx, case: Case) -> None:
-    spec_kernels, twin_kernels = Kernels(), Kernels({case.kernel}, bridge_lib)
+    spec_kernels, twin_kernels = Kernels(), Kernels({case.kernel}, bridge_lib, threads=case.threads)
+    if case.threads > 1:
+        assert twin_kernels.split.threads == case.threads
 
     @given(case.params)
     @settings(max_examples=case.examples, deadline=None)
@@ -380,3 +393,5 @@ def test_twin_is_its_spec(bridge_lib: Any, ctx: Ctx, case: Case) -> None:
         assert_identical(spec.trace, twin.trace)
 
     check()
+    if case.threads > 1:
+        assert twin_kernels.split.parallel_runs > 0, "no step was cut across threads"
