@@ -199,6 +199,10 @@ def _make_engine(args: argparse.Namespace, levels: list[int]) -> Any:
             # what a GPU runs: the heads in the backbone's graph, their logits handed back
             # (``heads_backend: numpy`` in the config measures the NumPy heads instead)
             engine.config.heads_backend = "fused"
+        if engine.config.codec_turns == "auto":
+            # and, as on a GPU, the codec's thread does not take turns with the backbone's
+            # compute: its decodes overlap the engine's ticks on the other cores
+            engine.config.codec_turns = "never"
     return engine
 
 
