@@ -62,14 +62,16 @@ class LongTextStream:
                 self._merge(ev.stats)
                 continue
             assert isinstance(ev, SegmentAudio)
-            if ev.pcm.shape[0] == 0 and ev.frames == 0:
+            if ev.pcm.shape[0] == 0 and ev.frames == 0 and not ev.words:
                 continue
             if not st.t_first_audio:
                 st.t_first_audio = time.monotonic()
             codes = ev.codes if ev.codes is not None else np.zeros((0, self._n_vq), np.int64)
             first = self._frames
             self._frames += ev.frames
-            return AudioChunk(pcm=ev.pcm, frames=range(first, self._frames), codes=codes, step=-1)
+            return AudioChunk(
+                pcm=ev.pcm, frames=range(first, self._frames), codes=codes, step=-1, words=ev.words
+            )
 
     def _merge(self, s: StreamStats) -> None:
         st = self.stats

@@ -92,6 +92,7 @@ class Outbox:
         self._items: deque[tuple[Item, float, str | None]] = deque()  # (item, seconds, context)
         self.audio_s = 0.0  # audio seconds queued
         self.sent_s = 0.0  # audio seconds taken by the sender so far
+        self.sent_by: dict[str | None, float] = {}  # ... per context (None: the implicit one)
         self._audio_items = 0
         self._backlog_since: float | None = None
         self._sent_at_backlog = 0.0
@@ -117,11 +118,12 @@ class Outbox:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
-        item, seconds, _ = self._items.popleft()
+        item, seconds, cid = self._items.popleft()
         if isinstance(item, (bytes, ContextFrame)):
             self._audio_items -= 1
             self.audio_s -= seconds
             self.sent_s += seconds
+            self.sent_by[cid] = self.sent_by.get(cid, 0.0) + seconds
             if self.audio_s < self.limit_s:
                 self._room.set()
             if self._audio_items == 0:
@@ -193,11 +195,15 @@ class WsConnection:
         self.ws = ws
         self.state = state
         self.settings = state.settings
-        self.session = Session(state.settings.session, voices=self._voice)
+        self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
+        self.session = Session(
+            state.settings.session,
+            voices=self._voice,
+            sent_audio=lambda cid: self.outbox.sent_by.get(cid, 0.0),
+        )
         # A voice fetch (shared store) that failed: the session's lookup raises it.
         self._voice_errors: dict[str, VoiceStoreUnavailableError] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
         # one speech pipeline and runner task per context (None: the implicit one)
         self.pipelines: dict[str | None, SegmentedSpeech] = {}
         self.runners: dict[str | None, asyncio.Task[None]] = {}
@@ -371,7 +377,7 @@ class WsConnection:
             async with contextlib.aclosing(pipeline.events()) as events:
                 async for ev in events:
                     if isinstance(ev, SegmentAudio):
-                        session.audio(ev.pcm, ev.frames, cid)
+                        session.audio(ev.pcm, ev.frames, cid, ev.words, ev.index)
                     elif isinstance(ev, SegmentDone):
                         session.segment_done(
                             ev.index, ev.text, ev.start_frame, ev.frames, ev.stats, cid
