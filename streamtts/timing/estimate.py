@@ -44,6 +44,7 @@ PRIOR_HOPS_PER_CJK = 20.0
 W_ENERGY = 2.0
 W_PAUSE = 4.0
 W_DURATION = 3.0
+UNKNOWN_LOUDNESS = 0.5
 PAUSE_FULL_HOPS = 20  # a silence this long earns the whole punctuation bonus
 MIN_WINDOW_HOPS = 25  # a boundary may move at least this far (voiced hops) from its prior place
 WINDOW_SHARE = 0.35  # ... or this share of the voiced time to the nearer fixed end
@@ -67,6 +68,7 @@ class StreamAligner:
         self.samples = 0
         self.sent: list[WordTime] = []
         self._pos: int | None = None  # hop where the next unsent word may start
+        self._anchor: int | None = None  # start hop of the last word sent
         self.finished = False
 
     @property
@@ -130,31 +132,42 @@ class StreamAligner:
             if loud.shape[0] == 0:  # nothing said yet
                 if not final:
                     return []
-                return [self._word(w, 0, h) for w in todo] if len(todo) == 1 else self._even(todo, 0, h)
+                return self._even(todo, 0, h)
             self._pos = int(loud[0])
-        start = self._pos
-        if not final and start >= h:  # the words sent last reach past the audio so far
+        # The last word sent is placed again with the rest (its start stays as sent): its
+        # end was a guess when the audio after it was not there yet, and the next word's
+        # start follows from where the audio says it ends (never before its sent end).
+        anchored = self._anchor is not None
+        start = self._anchor if self._anchor is not None else self._pos
+        if not final and self._pos >= h:  # the words sent last reach past the audio so far
             return []
-        start = min(start, h)
         if final:
             loud = np.flatnonzero(~silent[start:])
             end = start + (int(loud[-1]) + 1 if loud.shape[0] else 0)
-            end = max(end, min(h, start + len(todo)))
-            if end <= start:
-                return self._even(todo, start, max(start, h))
+            end = max(end, min(h, self._pos + len(todo)), self._pos + 1)
         else:
             end = -1
-        units = np.array([max(w.units, 0.3) for w in todo], np.float64)
-        bounds = self._programme(todo, units, silent, db, thr, ref, start, end, h)
+        words = ([self.words[len(self.sent) - 1]] if anchored else []) + todo
+        units = np.array([max(w.units, 0.3) for w in words], np.float64)
+        first_min = self._pos - start if anchored else 0
+        bounds = self._programme(words, units, silent, db, thr, ref, start, end, h, first_min)
+        if anchored:
+            bounds = bounds[1:]
         out: list[WordTime] = []
+        starts: list[int] = []
         for i, w in enumerate(todo):
             a, b = bounds[i], bounds[i + 1]
             if not final and a >= h:  # its audio is not here yet
                 break
-            a, b = _trim(silent, a, b, h)
+            a = max(a, self._pos)
+            a, b = _trim(silent, a, max(b, a + 1), h)
+            if not final:
+                b = min(b, max(h, a + 1))  # an end past the audio so far is only a guess
+            starts.append(a)
             out.append(self._word(w, a, b))
         if out:
-            self._pos = max(bounds[len(out)], _hop_of(out[-1].end, self._hop_s))
+            self._anchor = starts[-1]
+            self._pos = max(_hop_of(out[-1].end, self._hop_s), starts[-1] + 1)
         return out
 
     def _programme(
@@ -168,6 +181,7 @@ class StreamAligner:
         start: int,
         end: int,
         h: int,
+        first_min: int = 0,
     ) -> list[int]:
         """Boundary hops b_0 = start < b_1 < ... < b_m (b_m = end when it is known)."""
         m = len(todo)
@@ -190,8 +204,9 @@ class StreamAligner:
             if final:
                 return [start, end]
             return [start, start + int(np.searchsorted(v, rate * cum[1]))]
-        # loudness of each hop, smoothed over 30 ms; unknown hops are middling
-        loudness = np.full(span + 1, 0.5)
+        # loudness of each hop, smoothed over 30 ms; a hop not heard yet is middling (0 made
+        # the English benchmark worse: boundaries drift past the audio, words start late)
+        loudness = np.full(span + 1, UNKNOWN_LOUDNESS)
         known = min(span, h - start)
         if known > 0:
             sm = np.convolve(np.pad(db[start : start + known], 1, mode="edge"), np.ones(3) / 3, "valid")
@@ -206,9 +221,9 @@ class StreamAligner:
             w = max(MIN_WINDOW_HOPS, WINDOW_SHARE * near)
             lo = int(np.searchsorted(v, e - w, "left"))
             hi = int(np.searchsorted(v, e + w, "right")) - 1
-            lo, hi = max(lo, j), min(hi, span - (m - j) if final else span)
+            lo, hi = max(lo, j, first_min if j == 1 else 0), min(hi, span - (m - j) if final else span)
             if hi < lo:
-                hi = lo = min(max(j, int(np.searchsorted(v, e))), span)
+                hi = lo = min(max(j, first_min if j == 1 else 0, int(np.searchsorted(v, e))), span)
             cands.append(np.arange(lo, hi + 1, dtype=np.int64))
         if final:
             cands.append(np.array([span], np.int64))
