@@ -157,7 +157,7 @@ class AlignedWord(msgspec.Struct):
     end: float
 
 
-class Alignment(msgspec.Struct, tag="alignment", kw_only=True, omit_defaults=True):
+class Alignment(msgspec.Struct, tag="alignment", kw_only=True):
     """Estimated times of the words whose audio starts in the binary frame that follows (or
     before it): sent before that audio. ``chars`` adds every character ElevenLabs-style."""
 
@@ -327,10 +327,17 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> Decoded:
 
 def encode(msg: ServerMessage) -> str:
     """A server message as JSON text (text frames carry ``str``). An absent ``context_id``
-    is left out, so clients that use no contexts see the messages they always saw."""
-    if getattr(msg, "context_id", "") is None:
+    (and a ``done``'s absent ``sent``) is left out, so clients that use no contexts see the
+    messages they always saw."""
+    if isinstance(msg, Alignment):  # the character lists only when asked for
+        obj = {k: v for k, v in msgspec.to_builtins(msg).items() if v is not None}
+        return ENCODER.encode(obj).decode("utf-8")
+    if getattr(msg, "context_id", "") is None or getattr(msg, "sent", "") is None:
         obj = msgspec.to_builtins(msg)
-        obj.pop("context_id", None)
+        if obj.get("context_id", "") is None:
+            del obj["context_id"]
+        if obj.get("sent", "") is None:  # a `done` says what was sent only on a cancel
+            del obj["sent"]
         return ENCODER.encode(obj).decode("utf-8")
     return ENCODER.encode(msg).decode("utf-8")
 

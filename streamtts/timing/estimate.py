@@ -69,6 +69,7 @@ class StreamAligner:
         self.sent: list[WordTime] = []
         self._pos: int | None = None  # hop where the next unsent word may start
         self._anchor: int | None = None  # start hop of the last word sent
+        self._heard = 0  # hops of audio when words were last placed
         self.finished = False
 
     @property
@@ -155,16 +156,21 @@ class StreamAligner:
             bounds = bounds[1:]
         out: list[WordTime] = []
         starts: list[int] = []
+        floor = 0  # end of the word before (hops)
         for i, w in enumerate(todo):
             a, b = bounds[i], bounds[i + 1]
             if not final and a >= h:  # its audio is not here yet
                 break
-            a = max(a, self._pos)
+            # a word not sent with an earlier chunk starts in this one: its time never
+            # points back into audio the client already has without it
+            a = max(a, self._pos, self._heard, floor)
             a, b = _trim(silent, a, max(b, a + 1), h)
+            floor = b
             if not final:
                 b = min(b, max(h, a + 1))  # an end past the audio so far is only a guess
             starts.append(a)
-            out.append(self._word(w, a, b))
+            out.append(self._word(w, a, b, out[-1].end if out else None))
+        self._heard = h
         if out:
             self._anchor = starts[-1]
             self._pos = max(_hop_of(out[-1].end, self._hop_s), starts[-1] + 1)
@@ -257,15 +263,18 @@ class StreamAligner:
     def _even(self, todo: list[Word], a: int, b: int) -> list[WordTime]:
         units = np.array([max(w.units, 0.3) for w in todo])
         edges = a + (b - a) * np.concatenate([[0.0], np.cumsum(units)]) / units.sum()
-        return [self._word(w, int(round(edges[i])), int(round(edges[i + 1]))) for i, w in enumerate(todo)]
+        out: list[WordTime] = []
+        for i, w in enumerate(todo):
+            out.append(self._word(w, int(round(edges[i])), int(round(edges[i + 1])), out[-1].end if out else None))
+        return out
 
-    def _word(self, w: Word, a: int, b: int) -> WordTime:
+    def _word(self, w: Word, a: int, b: int, prev_end: float | None = None) -> WordTime:
+        # inside the audio so far (the last hop is padded), after the word before
         limit = self.samples / self.sample_rate
-        start = min(a * self._hop_s, limit) if self.finished or a * self._hop_s <= limit else a * self._hop_s
-        end = max(start, b * self._hop_s)
-        prev_end = self.sent[-1].end if self.sent else 0.0
-        start = max(start, prev_end)
-        end = max(end, start)
+        if prev_end is None:
+            prev_end = self.sent[-1].end if self.sent else 0.0
+        start = max(min(a * self._hop_s, limit), prev_end)
+        end = max(min(b * self._hop_s, limit), start)
         return WordTime(w.text, round(start, 4), round(end, 4), w.start_char, w.end_char)
 
 
