@@ -208,6 +208,7 @@ class WsConnection:
         self.pipelines: dict[str | None, SegmentedSpeech] = {}
         self.runners: dict[str | None, asyncio.Task[None]] = {}
         self._reference: Voice | None = None  # from `start`, else the first voice a context fixed
+        self._timing_rate: float | None = None  # speaking rate the word times measured last
         self._options = StreamOptions()
         self.sender: asyncio.Task[None] | None = None
         self.receiver: asyncio.Task[None] | None = None
@@ -366,6 +367,9 @@ class WsConnection:
             continuity_frames=self.settings.continuity_frames,
             fade_ms=self.settings.fade_ms,
         )
+        # a new context (a new turn) starts from the rate the session's voice spoke at so far
+        rates = [q.timing_rate for q in self.pipelines.values() if q.timing_rate is not None]
+        p.timing_rate = rates[-1] if rates else self._timing_rate
         self.pipelines[cid] = p
         name = f"ws-run-{self.session.id}" + ("" if cid is None else f"-{cid}")
         self.runners[cid] = asyncio.create_task(self._run_pipeline(p, cid), name=name)
@@ -397,6 +401,8 @@ class WsConnection:
             session.internal_error(exc)
             await self._apply(session.actions())
         finally:
+            if pipeline.timing_rate is not None:
+                self._timing_rate = pipeline.timing_rate
             if cid is not None and self.pipelines.get(cid) is pipeline:
                 if pipeline.reference is not None and self._reference is None:
                     self._reference = pipeline.reference

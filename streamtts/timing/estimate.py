@@ -14,11 +14,13 @@ estimate joins the two:
   starts, the next begins where it ends.
 
 Streaming (:meth:`StreamAligner.push`): a word goes out with the chunk that holds its start,
-never later. Until the generation's end is known the speaking rate is a prior (syllables per
-second of voiced speech, per script) and the audio beyond the last chunk is unknown; the
-words already sent stay as sent, and the rest are placed again on each chunk. At the end the
-remaining words share the remaining speech exactly. Everything here is NumPy on the caller's
-thread (the engine runs it on a worker thread).
+never later, and its start is never put back into audio sent before it. Until the
+generation's end is known the speaking rate is unknown: the one near the prior (per script,
+or measured on an earlier generation in the same voice) that best fits the audio so far is
+taken, and the audio beyond the last chunk is assumed valley-like; the words already sent
+stay as sent (the last one's end is re-placed), the rest are placed again on each chunk. At
+the end the remaining words share the remaining speech exactly. Everything here is NumPy on
+the caller's thread (the engine runs it on a worker thread).
 """
 
 from __future__ import annotations
@@ -44,10 +46,18 @@ PRIOR_HOPS_PER_CJK = 20.0
 W_ENERGY = 2.0
 W_PAUSE = 4.0
 W_DURATION = 3.0
-UNKNOWN_LOUDNESS = 0.5
+# A hop not heard yet costs what the quietest quarter of the audio so far costs: dearer
+# pulls boundaries into the audio so far (words sent early), cheaper pushes them past it
+# (words sent late); 0, 10, 25 and 50 % were tried on benchmarks/timing_espeak.py.
+UNKNOWN_PCT = 25.0
+# While the end is unknown the rate is searched near the prior (the one whose placement fits
+# the audio so far best), once this much audio is in.
+RATE_MIN_HOPS = 50
+RATE_FACTORS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.12, 1.25, 1.4, 1.6, 1.8)
 PAUSE_FULL_HOPS = 20  # a silence this long earns the whole punctuation bonus
 MIN_WINDOW_HOPS = 25  # a boundary may move at least this far (voiced hops) from its prior place
 WINDOW_SHARE = 0.35  # ... or this share of the voiced time to the nearer fixed end
+MAX_WINDOW_HOPS = 150  # ... but never more (the programme's cost grows with its square)
 
 
 class StreamAligner:
@@ -151,7 +161,21 @@ class StreamAligner:
         words = ([self.words[len(self.sent) - 1]] if anchored else []) + todo
         units = np.array([max(w.units, 0.3) for w in words], np.float64)
         first_min = self._pos - start if anchored else 0
-        bounds = self._programme(words, units, silent, db, thr, ref, start, end, h, first_min)
+        prior = None
+        if not final:
+            # audio longer than every remaining word at the prior: slower than the prior
+            voiced = float(np.sum(~silent[start:h]))
+            floor = voiced / float(units.sum())
+            # only the words that may start in the audio so far (at the fastest rate tried)
+            # matter now: the rest are placed when their audio comes
+            cum = np.concatenate([[0.0], np.cumsum(units)])
+            reach = int(np.searchsorted(cum, (voiced + MIN_WINDOW_HOPS) / (self.prior * RATE_FACTORS[0]), "right"))
+            n = min(len(words), max(2, reach + 1))
+            words, units = words[:n], units[:n]
+            prior = self._fit_rate(words, units, silent, db, thr, ref, start, h, first_min, floor)
+            prior = max(prior if prior is not None else self.prior, floor)
+            todo = todo[: n - (1 if anchored else 0)]
+        bounds, _ = self._programme(words, units, silent, db, thr, ref, start, end, h, first_min, prior)
         if anchored:
             bounds = bounds[1:]
         out: list[WordTime] = []
@@ -176,6 +200,31 @@ class StreamAligner:
             self._pos = max(_hop_of(out[-1].end, self._hop_s), starts[-1] + 1)
         return out
 
+    def _fit_rate(
+        self,
+        words: list[Word],
+        units: npt.NDArray[np.float64],
+        silent: npt.NDArray[np.bool_],
+        db: npt.NDArray[np.float64],
+        thr: float,
+        ref: float,
+        start: int,
+        h: int,
+        first_min: int,
+        floor: float,
+    ) -> float | None:
+        """While the end is unknown: the speaking rate near the prior whose placement fits the
+        audio so far best (boundaries in valleys, durations as expected)."""
+        if h - start < RATE_MIN_HOPS or len(words) < 2:
+            return None
+        best, rate = np.inf, None
+        for f in RATE_FACTORS:
+            r = max(self.prior * f, floor)
+            _, c = self._programme(words, units, silent, db, thr, ref, start, -1, h, first_min, r)
+            if c < best:
+                best, rate = c, r
+        return rate
+
     def _programme(
         self,
         todo: list[Word],
@@ -188,8 +237,10 @@ class StreamAligner:
         end: int,
         h: int,
         first_min: int = 0,
-    ) -> list[int]:
-        """Boundary hops b_0 = start < b_1 < ... < b_m (b_m = end when it is known)."""
+        prior: float | None = None,
+    ) -> tuple[list[int], float]:
+        """Boundary hops b_0 = start < b_1 < ... < b_m (b_m = end when it is known), and the
+        programme's cost. ``prior``: the speaking rate to assume while the end is unknown."""
         m = len(todo)
         cum = np.concatenate([[0.0], np.cumsum(units)])
         final = end >= 0
@@ -198,7 +249,7 @@ class StreamAligner:
             span = end - start
             voiced = (~silent[start:end]).astype(np.float64)
         else:
-            rate = max(self.prior, float(np.sum(~silent[start:h])) / cum[-1])
+            rate = prior or self.prior
             span = max(h - start, int(np.ceil(rate * cum[-1] * 1.5)) + 1)
             voiced = np.ones(span, np.float64)
             voiced[: h - start] = (~silent[start:h]).astype(np.float64)
@@ -208,15 +259,15 @@ class StreamAligner:
             rate = max(float(v[-1]), 1.0) / cum[-1]
         if m == 1:
             if final:
-                return [start, end]
-            return [start, start + int(np.searchsorted(v, rate * cum[1]))]
-        # loudness of each hop, smoothed over 30 ms; a hop not heard yet is middling (0 made
-        # the English benchmark worse: boundaries drift past the audio, words start late)
-        loudness = np.full(span + 1, UNKNOWN_LOUDNESS)
+                return [start, end], 0.0
+            return [start, start + int(np.searchsorted(v, rate * cum[1]))], 0.0
+        # loudness of each hop, smoothed over 30 ms (0 silent .. 1 loud); see UNKNOWN_PCT
+        loudness = np.full(span + 1, 0.5)
         known = min(span, h - start)
         if known > 0:
             sm = np.convolve(np.pad(db[start : start + known], 1, mode="edge"), np.ones(3) / 3, "valid")
             loudness[:known] = np.clip((sm - thr) / max(ref - thr, 1e-6), 0.0, 1.0)
+            loudness[known:] = float(np.percentile(loudness[:known], UNKNOWN_PCT))
         run = _silence_runs(silent[start : start + known], span + 1)
         pause_bonus = np.minimum(run, PAUSE_FULL_HOPS) / PAUSE_FULL_HOPS
         # candidates of each inner boundary: a window of voiced time around its prior place
@@ -224,7 +275,7 @@ class StreamAligner:
         for j in range(1, m):
             e = rate * cum[j]
             near = e if total is None else min(e, total - e)
-            w = max(MIN_WINDOW_HOPS, WINDOW_SHARE * near)
+            w = min(max(MIN_WINDOW_HOPS, WINDOW_SHARE * near), MAX_WINDOW_HOPS)
             lo = int(np.searchsorted(v, e - w, "left"))
             hi = int(np.searchsorted(v, e + w, "right")) - 1
             lo, hi = max(lo, j, first_min if j == 1 else 0), min(hi, span - (m - j) if final else span)
@@ -251,6 +302,7 @@ class StreamAligner:
             cost = total_cost[arg, np.arange(p.shape[0])] + node
             back.append(arg)
         k = int(np.argmin(cost))
+        best = float(cost[k])
         path = [int(cands[-1][k])]
         for j in range(len(back) - 1, -1, -1):
             k = int(back[j][k])
@@ -258,7 +310,7 @@ class StreamAligner:
         path.reverse()
         if not final:  # the last word's end: its expected voiced time after its start
             path.append(min(span, path[-1] + int(np.searchsorted(v[path[-1] :] - v[path[-1]], rate * units[-1]))))
-        return [start + p for p in path]
+        return [start + p for p in path], best
 
     def _even(self, todo: list[Word], a: int, b: int) -> list[WordTime]:
         units = np.array([max(w.units, 0.3) for w in todo])
