@@ -106,7 +106,11 @@ class AudioStream:
             raise item
         self._next_frame = item.frames.stop
         if self._timer is not None:
-            await self._timer.on_chunk(item)
+            try:
+                await self._timer.on_chunk(item)
+            except BaseException:  # cancelled while its words were placed
+                await self.aclose()
+                raise
         return item
 
     @property
