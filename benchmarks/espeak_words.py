@@ -56,6 +56,7 @@ class _Espeak:
         self._cb = _CALLBACK(self._on_synth)  # kept alive as long as the library may call it
         lib.espeak_SetSynthCallback(self._cb)
         self.lock = threading.Lock()
+        self._voice = ""
 
     def _on_synth(self, wav: ctypes._Pointer[ctypes.c_short], n: int, events: ctypes._Pointer[_Event]) -> int:
         i = 0
@@ -70,15 +71,21 @@ class _Espeak:
 
     def speak(self, text: str, voice: str) -> tuple[npt.NDArray[np.float32], list[EspeakWord]]:
         with self.lock:
-            self._pcm, self._events = [], []
-            if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
-                raise ValueError(f"espeak-ng has no voice {voice!r}")
-            data = text.encode("utf-8")
-            self.lib.espeak_Synth(data, len(data) + 1, 0, 0, 0, _CHARS_UTF8, None, None)
-            self.lib.espeak_Synchronize()
-            pcm = np.concatenate(self._pcm).astype(np.float32) / 32768.0
-            words = [EspeakWord(c, n, s / self.sample_rate) for c, n, s in self._events if n > 0]
-            return pcm, words
+            if voice != self._voice:
+                if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
+                    raise ValueError(f"espeak-ng has no voice {voice!r}")
+                self._voice = voice
+                self._synth(text)  # the first utterance after a voice change comes out different
+            return self._synth(text)
+
+    def _synth(self, text: str) -> tuple[npt.NDArray[np.float32], list[EspeakWord]]:
+        self._pcm, self._events = [], []
+        data = text.encode("utf-8")
+        self.lib.espeak_Synth(data, len(data) + 1, 0, 0, 0, _CHARS_UTF8, None, None)
+        self.lib.espeak_Synchronize()
+        pcm = np.concatenate(self._pcm).astype(np.float32) / 32768.0
+        words = [EspeakWord(c, n, s / self.sample_rate) for c, n, s in self._events if n > 0]
+        return pcm, words
 
 
 _ENGINE: _Espeak | None = None

@@ -188,7 +188,9 @@ class StreamAligner:
             # a word not sent with an earlier chunk starts in this one: its time never
             # points back into audio the client already has without it
             a = max(a, self._pos, self._heard, floor)
+            lo = max(self._pos, self._heard, floor)
             a, b = _trim(silent, a, max(b, a + 1), h)
+            a = _closure(silent, a, lo, w.text)
             floor = b
             if not final:
                 b = min(b, max(h, a + 1))  # an end past the audio so far is only a guess
@@ -341,6 +343,22 @@ def _trim(silent: npt.NDArray[np.bool_], a: int, b: int, h: int) -> tuple[int, i
     while b - 1 > a and b - 1 < h and silent[b - 1]:
         b -= 1
     return a, b
+
+
+_PLOSIVE = set("pbtdkgcqPBTDKGCQ")
+CLOSURE_HOPS = 10  # a silence this short before a stop consonant is its closure
+
+
+def _closure(silent: npt.NDArray[np.bool_], a: int, lo: int, word: str) -> int:
+    """A word starting with a stop consonant (p, t, k, b, d, g) begins with the silence of
+    its closure: a short silence right before its burst is the word's, not the gap's."""
+    first = word.lstrip("\"'“‘«([")[:1]
+    if first not in _PLOSIVE or a <= lo or a > silent.shape[0] or not silent[a - 1]:
+        return a
+    r = a
+    while r > lo and silent[r - 1]:
+        r -= 1
+    return r if a - r <= CLOSURE_HOPS else a
 
 
 def _silence_runs(silent: npt.NDArray[np.bool_], n: int) -> npt.NDArray[np.float64]:
