@@ -5,7 +5,8 @@
 #
 #   bash scripts/setup.sh          # runtime (+ model writing, playback, download, examples, redis)
 #   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium,
-#                                  # redis-server and haproxy for the cluster tests)
+#                                  # redis-server and haproxy for the cluster tests, espeak-ng
+#                                  # for the word-timing benchmark and test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +26,7 @@ CURRENT="system packages"
 pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1 curl)
 # The cluster tests start their own redis-server and haproxy (deploy/local-cluster.sh); the
 # packages' own services are not used.
-[ "$WITH_TEST" = 1 ] && pkgs+=(chromium redis-server haproxy)
+[ "$WITH_TEST" = 1 ] && pkgs+=(chromium redis-server haproxy espeak-ng)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,7 +13,7 @@ For more control (segments, stats, flush, cancel), open a session::
     async with client.session() as s:
         await s.send_text("Hello")
         await s.end()
-        async for event in s:       # Audio | SegmentInfo | Done | Error (non-fatal)
+        async for event in s:       # Audio | SegmentInfo | Alignment | Done | Error (non-fatal)
             ...
 
 Several independent streams on one socket (contexts, docs/protocol.md): pass a
@@ -54,7 +54,7 @@ import numpy.typing as npt
 from .audio.formats import AudioFormat, decode_audio, get_format
 from .config import SamplingParams
 from .errors import ServerError
-from .server.protocol import AudioHeader, Done, Error, Ready, SegmentInfo
+from .server.protocol import Alignment, AudioHeader, Done, Error, Ready, SegmentInfo
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ __all__ = [
     "stream_url",
 ]
 
-_ServerMessage = Ready | SegmentInfo | Done | Error | AudioHeader
+_ServerMessage = Ready | SegmentInfo | Done | Error | AudioHeader | Alignment
 _SERVER_DECODER: msgspec.json.Decoder[_ServerMessage] = msgspec.json.Decoder(_ServerMessage)
 _ENCODER = msgspec.json.Encoder()
 
@@ -84,7 +84,7 @@ class Audio:
     context_id: str | None = None
 
 
-Event = Audio | SegmentInfo | Done | Error
+Event = Audio | SegmentInfo | Done | Error | Alignment
 
 
 def stream_url(server: str) -> str:
@@ -202,8 +202,9 @@ class ClientSession:
                 elif isinstance(ev, Ready):
                     self.ready = ev
                     self.format = get_format(ev.format)
-                elif isinstance(ev, SegmentInfo):
-                    self.segments.append(ev)
+                elif isinstance(ev, (SegmentInfo, Alignment)):
+                    if isinstance(ev, SegmentInfo):
+                        self.segments.append(ev)
                     yield ev
                 elif isinstance(ev, Done):
                     if ev.context_id is None:
@@ -254,6 +255,7 @@ class StreamClient:
         min_chars: int | None = None,
         clause_min_chars: int | None = None,
         max_new_tokens: int | None = None,
+        timestamps: str | None = None,
         open_timeout: float = 10.0,
     ) -> None:
         self.url = stream_url(server)
@@ -271,6 +273,7 @@ class StreamClient:
             "min_chars": min_chars,
             "clause_min_chars": clause_min_chars,
             "max_new_tokens": max_new_tokens,
+            "timestamps": timestamps,  # "words" | "chars": Alignment events (estimated times)
         }
 
     async def connect(self, **overrides: Any) -> ClientSession:

@@ -26,6 +26,13 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     normalize: bool | None = None
     # Benchmarks only: force exactly this many frames (gen slot until then, then the delay slot).
     fixed_frames: int | None = None
+    # Estimated word times on the chunks (AudioChunk.words): "words" or "chars" (the server
+    # sends character times too); None / "none": off.
+    timestamps: str | None = None
+    # The speaking rate the word-time estimate assumes until the generation ends (voiced
+    # 10 ms hops per syllable); None: a prior per script. Set from an earlier generation in
+    # the same voice (segmented.py).
+    timing_rate: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,21 @@ class Voice:
 ReferenceLike = Voice | str | Path | bytes | np.ndarray | None
 
 
+@dataclass(frozen=True, slots=True)
+class WordTime:
+    """One word's *estimated* time (streamtts.timing): seconds from the stream's first
+    sample; ``start_char``/``end_char``: its place in the text of its generation."""
+
+    word: str
+    start: float
+    end: float
+    start_char: int = 0
+    end_char: int = 0
+
+    def shifted(self, seconds: float) -> WordTime:
+        return WordTime(self.word, round(self.start + seconds, 4), round(self.end + seconds, 4), self.start_char, self.end_char)
+
+
 @dataclass(slots=True)
 class AudioChunk:
     """New audio of one stream: ``pcm`` holds only samples not sent before."""
@@ -54,6 +76,10 @@ class AudioChunk:
     step: int  # generation step at which the chunk's last frame was complete
     is_last: bool = False
     tick: int = 0  # engine tick (shared by all streams) that completed it
+    # With StreamOptions.timestamps: the words whose (estimated) start lies in the audio so
+    # far and were not on an earlier chunk (a word comes no later than its audio); the
+    # stream's last chunk carries the rest (it may hold no samples). None: not asked for.
+    words: list[WordTime] | None = None
 
     @property
     def duration_s(self) -> float:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -134,6 +136,7 @@ def _check_synth(args: argparse.Namespace) -> None:
     check_text_length(args.text, "--text")
     check_output_file(args.out, "--out")
     check_output_file(args.codes_out, "--codes-out", audio=False)
+    check_output_file(args.timestamps, "--timestamps", audio=False)
     _check_request(args)
 
 
@@ -149,8 +152,11 @@ async def _synth(args: argparse.Namespace) -> int:
     engine = _engine(args)
     async with engine:
         opts = _options(args, engine)
+        if args.timestamps:
+            opts = msgspec.structs.replace(opts, timestamps="words")
         ref = await engine.encode_voice(args.reference) if args.reference else None
         s = engine.stream(args.text, reference=ref, options=opts)
+        words: list[Any] = []
         pcm: list[np.ndarray] = []
         codes: list[np.ndarray] = []
         progress = Progress(
@@ -163,6 +169,7 @@ async def _synth(args: argparse.Namespace) -> int:
                 async for chunk in s:
                     pcm.append(chunk.pcm)
                     codes.append(chunk.codes)
+                    words.extend(chunk.words or [])
                     prog.update(task, description=f"generating: {sum(len(c) for c in codes)} frames")
         wav = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
         frames = np.concatenate(codes) if codes else np.zeros((0, engine.ids.n_vq), np.int64)
@@ -172,6 +179,8 @@ async def _synth(args: argparse.Namespace) -> int:
         sf.write(args.out, out, SAMPLE_RATE, subtype=file_subtype(args.out))
         if args.codes_out:
             np.save(args.codes_out, frames.astype(np.int64))
+        if args.timestamps:
+            _write_timestamps(args.timestamps, words)
         st = s.stats
         print(
             f"wrote {args.out}: {frames.shape[0]} frames, {wav.size / SAMPLE_RATE:.2f} s "
@@ -180,6 +189,12 @@ async def _synth(args: argparse.Namespace) -> int:
         if args.profile:
             _print_profile(engine, st)
     return 0
+
+
+def _write_timestamps(path: str, words: list[Any]) -> None:
+    """``{"words": [{"word", "start", "end"}, ...], "estimated": true}`` (seconds of the file)."""
+    doc = {"words": [{"word": w.word, "start": w.start, "end": w.end} for w in words], "estimated": True}
+    Path(path).expanduser().write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 
 
 # -- speak ---------------------------------------------------------------------------------------
@@ -238,6 +253,10 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--out", default="out.wav", help="audio file to write (.wav, .flac, .ogg, ...)")
     s.add_argument("--codes-out", help="also write the de-delayed (T, 32) int64 codes as .npy")
     s.add_argument("--no-loudness", action="store_true", help="skip the whole-file loudness normalisation")
+    s.add_argument(
+        "--timestamps", metavar="FILE.json",
+        help="also write each word's estimated start and end (seconds) as JSON (docs/timing.md)",
+    )  # fmt: skip
     _add_request_args(s)
     s.set_defaults(handler=_synth, check=_check_synth)
 

@@ -25,6 +25,7 @@ from ..errors import EngineClosedError, OverloadedError
 from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
 from .prepare import LongText, Preparer
 from .sink import StreamSink
+from .timed import ChunkTimer, wants_timestamps
 
 if TYPE_CHECKING:
     from .long_text import LongTextStream
@@ -72,6 +73,8 @@ class AudioStream:
         self._sink: StreamSink | None = None
         self._long: LongTextStream | None = None
         self._done = False
+        self._timer: ChunkTimer | None = None  # word times asked for (options.timestamps)
+        self._next_frame = 0
 
     def __aiter__(self) -> AudioStream:
         return self
@@ -94,11 +97,27 @@ class AudioStream:
             raise
         if item is None:
             self._done = True
-            raise StopAsyncIteration
+            rest = None if self._timer is None else await self._timer.rest(self._engine.ids.n_vq, self._next_frame)
+            if rest is None:
+                raise StopAsyncIteration
+            return rest
         if isinstance(item, BaseException):
             self._done = True
             raise item
+        self._next_frame = item.frames.stop
+        if self._timer is not None:
+            try:
+                await self._timer.on_chunk(item)
+            except BaseException:  # cancelled while its words were placed
+                await self.aclose()
+                raise
         return item
+
+    @property
+    def timing_rate(self) -> float | None:
+        """After the end, with word times asked for: this generation's speaking rate (what
+        the next generation in the same voice may assume, ``StreamOptions.timing_rate``)."""
+        return None if self._timer is None else self._timer.measured_rate
 
     async def _start(self) -> None:
         engine = self._engine
@@ -118,6 +137,8 @@ class AudioStream:
             self._long = LongTextStream(engine, req.segments, req.voice, self._options, stats=self.stats)
             return
         self._sink = sink
+        if wants_timestamps(self._options):
+            self._timer = ChunkTimer(self._text, self._options)
         core.submit(req)
 
     async def __aenter__(self) -> AudioStream:

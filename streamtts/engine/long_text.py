@@ -59,11 +59,13 @@ class LongTextStream:
                 self._merge(ev.stats)
                 continue
             assert isinstance(ev, SegmentAudio)  # speak_segments raises a failed segment's error
+            if ev.pcm.shape[0] == 0 and ev.frames == 0 and not ev.words:
+                continue  # nothing to hand out (a segment's last event may carry only words)
             if not st.t_first_audio:
                 st.t_first_audio = time.monotonic()
             first = self._frames
             self._frames += ev.frames
-            return AudioChunk(pcm=ev.pcm, frames=range(first, self._frames), codes=ev.codes, step=-1)
+            return AudioChunk(pcm=ev.pcm, frames=range(first, self._frames), codes=ev.codes, step=-1, words=ev.words)
 
     def _merge(self, s: StreamStats) -> None:
         st = self.stats

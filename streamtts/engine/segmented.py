@@ -51,8 +51,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ..constants import SAMPLE_RATE
-from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
+from ..constants import FRAME_S, SAMPLE_RATE
+from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice, WordTime
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,9 @@ class SegmentAudio:
     pcm: Float32Array
     frames: int  # audio frames this event completes
     codes: npt.NDArray[np.int64]  # those frames' codes
+    # with StreamOptions.timestamps: words whose audio starts in this event or before, in
+    # seconds of the whole pipeline's audio (estimated); None: not asked for
+    words: list[WordTime] | None = None
 
 
 @dataclass(slots=True)
@@ -195,6 +198,7 @@ class SegmentedSpeech:
         self.frames = 0  # audio frames handed out so far
         self.t_first_text: float | None = None
         self.t_first_audio: float | None = None
+        self.timing_rate: float | None = None  # the voice's speaking rate, once a segment ended
 
     # -- input -------------------------------------------------------------------------------
     def add(self, text: str) -> int:
@@ -250,10 +254,13 @@ class SegmentedSpeech:
             self._active.append(g)
 
     def _segment_options(self, index: int) -> StreamOptions:
-        seed = self.options.seed
+        opts = self.options
+        if self.timing_rate is not None and opts.timestamps not in (None, "none"):
+            opts = msgspec.structs.replace(opts, timing_rate=self.timing_rate)
+        seed = opts.seed
         if seed is None:
-            return self.options
-        return msgspec.structs.replace(self.options, seed=(seed + index) & _SEED_MASK)
+            return opts
+        return msgspec.structs.replace(opts, seed=(seed + index) & _SEED_MASK)
 
     async def _run(self, g: _Gen) -> None:
         try:
@@ -266,6 +273,9 @@ class SegmentedSpeech:
                     g.items.append(chunk)
                     self._collect_voice(g, chunk)
                     self._wake.set()
+            rate = getattr(s, "timing_rate", None)
+            if rate is not None:
+                self.timing_rate = rate
             g.items.append(None)
         except asyncio.CancelledError:
             raise
@@ -310,7 +320,10 @@ class SegmentedSpeech:
                 self.frames += n
                 if self.t_first_audio is None and pcm.shape[0]:
                     self.t_first_audio = time.monotonic()
-                yield SegmentAudio(g.index, pcm, n, item.codes)
+                words = None
+                if item.words is not None:
+                    words = [w.shifted(g.start * FRAME_S) for w in item.words]
+                yield SegmentAudio(g.index, pcm, n, item.codes, words)
                 continue
             self._active.popleft()
             if item is None:

@@ -10,13 +10,16 @@
 ``pip install 'streamtts[livekit]'``. One WebSocket session per ``TTS`` instance, shared by
 its streams (:class:`streamtts.client.SharedSession`), one context each:
 
-* :meth:`TTS.stream` (``capabilities.streaming=True``, ``aligned_transcript=False``): text
+* :meth:`TTS.stream` (``capabilities.streaming=True``, ``aligned_transcript=True``): text
   pushed in is sent as it comes (the server's segmenter cuts clauses, so token-by-token
   input speaks like the whole text); ``flush()`` speaks what is pending now (the end of
   LiveKit's segment); ``end_input()`` ends the context; audio frames come out through the
   output emitter as they are generated; ``aclose()`` cancels the context: its generation
   stops before the engine's next step and the socket stays open for the next stream;
-* :meth:`TTS.synthesize` (chunked): the whole text into one context, its audio streamed out.
+* :meth:`TTS.synthesize` (chunked): the whole text into one context, its audio streamed out;
+* the words come with their (estimated, docs/timing.md) times: the session asks for
+  ``timestamps: "words"`` and each word goes to the emitter as a ``TimedString`` before its
+  audio, in seconds of the stream's audio (live captions, ``use_tts_aligned_transcript``).
 
 Audio is 16-bit PCM at ``sample_rate`` (resampled on the server: 8, 16, 22.05, 24, 32, 44.1
 or 48 kHz). ``voice``: a name of the server's ``voices:`` table, a voice id from
@@ -33,7 +36,7 @@ from typing import Literal
 
 from ..client import Audio, ContextStream, SharedSession, StreamClient
 from ..errors import ServerError
-from ..server.protocol import Error
+from ..server.protocol import Alignment, Error
 from . import missing
 
 try:
@@ -45,6 +48,7 @@ try:
         tts,
         utils,
     )
+    from livekit.agents.types import TimedString
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing("livekit", "livekit-agents", exc) from exc
 
@@ -70,7 +74,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):
         sample_rate: int = 24000,
     ) -> None:
         super().__init__(
-            capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=False),
+            capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
             sample_rate=sample_rate,
             num_channels=1,
         )
@@ -82,6 +86,7 @@ class TTS(tts.TTS[Literal["metrics_collected", "error"]]):
             seed=seed,
             sampling=dict(sampling) if sampling else None,
             format=f"pcm_s16le_{sample_rate}",
+            timestamps="words",
         )
         self._shared = SharedSession(client)
 
@@ -124,12 +129,21 @@ async def _pump(ctx: ContextStream, emitter: tts.AudioEmitter) -> None:
     """The context's audio into the emitter, until its ``done``."""
     try:
         async for ev in ctx:
-            if isinstance(ev, Audio):
+            if isinstance(ev, Alignment):
+                emitter.push_timed_transcript([_timed(w.word, w.start, w.end) for w in ev.words])
+            elif isinstance(ev, Audio):
                 emitter.push(ev.data)
             elif isinstance(ev, Error):  # a refusal of this context's text (not fatal)
                 raise APIError(f"streamtts server: {ev.code}: {ev.message}", retryable=False)
     except ServerError as exc:
         raise APIConnectionError(f"streamtts server: {exc}") from exc
+
+
+def _timed(word: str, start: float, end: float) -> TimedString:
+    """A word as a transcript delta: LiveKit joins the deltas as they are, so a space
+    follows a word of a spaced script (not a CJK character)."""
+    cjk = "\u3000" <= word[-1:] <= "\u9fff" or "\uff00" <= word[-1:] <= "\uffef"
+    return TimedString(word if cjk else word + " ", start_time=start, end_time=end)
 
 
 async def _cancel(ctx: ContextStream) -> None:

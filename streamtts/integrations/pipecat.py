@@ -21,6 +21,14 @@ One WebSocket session for the service's life (``pip install 'streamtts[pipecat]'
 * text aggregation: ``SENTENCE`` (Pipecat's default) sends each sentence as a segment of its
   own (flushed at once, lowest latency); ``TOKEN`` streams LLM tokens and lets the server's
   segmenter cut clauses (the same segments whatever the tokenisation);
+* word timestamps: the session asks for ``timestamps: "words"`` and every ``alignment``
+  message goes to Pipecat's ``add_word_timestamps``, so the words come out as
+  ``TTSTextFrame``s in step with their audio, and an interrupted turn enters the LLM's
+  context as the words that were played, not the whole reply (the times are *estimated*,
+  docs/timing.md). The base class is ``WebsocketTTSService`` (one socket, contexts, our own
+  reconnect); word timestamps are part of every Pipecat ``TTSService`` (``WordTTSService``
+  is deprecated), and ``InterruptibleTTSService`` would reconnect on every barge-in, which
+  contexts and ``cancel`` make unnecessary;
 * TTFB metrics: from the turn's first text to its first audio (Pipecat's own metric);
 * the server's idle timeout is kept at bay by an empty ``flush`` every ``keepalive_s``.
 
@@ -37,7 +45,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from ..client import Audio, ClientSession, stream_url
-from ..server.protocol import Done, Error, SegmentInfo
+from ..server.protocol import Alignment, Done, Error, SegmentInfo
 from . import missing
 
 try:
@@ -106,7 +114,7 @@ class StreamTTSService(WebsocketTTSService):
             defaults.apply_update(settings)
         super().__init__(
             text_aggregation_mode=text_aggregation_mode,
-            push_text_frames=True,  # no word timestamps: the text follows its audio
+            push_text_frames=False,  # the words come from the server's word timestamps
             pause_frame_processing=False,  # audio carries its context id
             push_start_frame=True,  # the base opens the audio context and times TTFB
             sample_rate=sample_rate,
@@ -166,6 +174,7 @@ class StreamTTSService(WebsocketTTSService):
                 language=self._settings.language or None,
                 seed=self._seed,
                 sampling=self._sampling,
+                timestamps="words",
             )
             self._websocket = ws
             await self._call_event_handler("on_connected")
@@ -208,10 +217,14 @@ class StreamTTSService(WebsocketTTSService):
         async for ev in session:
             await self._on_server_event(ev)
 
-    async def _on_server_event(self, ev: Audio | SegmentInfo | Done | Error) -> None:
+    async def _on_server_event(self, ev: Audio | SegmentInfo | Alignment | Done | Error) -> None:
         """One event of the session (tests wrap this to watch the wire)."""
         cid = getattr(ev, "context_id", None)
-        if isinstance(ev, Audio):
+        if isinstance(ev, Alignment):
+            # seconds of the context's audio: Pipecat counts them from its first audio frame
+            if cid is not None and self.audio_context_available(cid):
+                await self.add_word_timestamps([(w.word, w.start) for w in ev.words], cid)
+        elif isinstance(ev, Audio):
             if cid is not None and self.audio_context_available(cid):
                 frame = TTSAudioRawFrame(ev.data, self.sample_rate, 1, context_id=cid)
                 await self.append_to_audio_context(cid, frame)

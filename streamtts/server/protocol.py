@@ -27,6 +27,8 @@ from ..errors import (
 __all__ = [
     "DECODER",
     "ENCODER",
+    "AlignedWord",
+    "Alignment",
     "AudioHeader",
     "Cancel",
     "ClientMessage",
@@ -40,6 +42,7 @@ __all__ = [
     "Flush",
     "Ready",
     "SegmentInfo",
+    "Sent",
     "ServerMessage",
     "Start",
     "Text",
@@ -71,6 +74,7 @@ class Start(msgspec.Struct, tag="start", kw_only=True, forbid_unknown_fields=Tru
     clause_min_chars: int | None = None  # ... of a segment cut at a clause (comma) boundary
     max_new_tokens: int | None = None  # per segment
     normalize: bool | None = None
+    timestamps: str | None = None  # "words" | "chars": `alignment` messages; "none" (default)
 
 
 class Text(msgspec.Struct, tag="text", kw_only=True, forbid_unknown_fields=True):
@@ -147,6 +151,33 @@ class SegmentInfo(msgspec.Struct, tag="segment", kw_only=True):
     context_id: str | None = None  # omitted for the implicit context
 
 
+class AlignedWord(msgspec.Struct):
+    word: str
+    start: float  # seconds of the context's audio
+    end: float
+
+
+class Alignment(msgspec.Struct, tag="alignment", kw_only=True):
+    """Estimated times of the words whose audio starts in the binary frame that follows (or
+    before it): sent before that audio. ``chars`` adds every character ElevenLabs-style."""
+
+    words: list[AlignedWord]
+    estimated: bool = True  # placed by a duration model snapped to the audio, not forced alignment
+    characters: list[str] | None = None
+    character_start_times_seconds: list[float] | None = None
+    character_end_times_seconds: list[float] | None = None
+    context_id: str | None = None
+
+
+class Sent(msgspec.Struct, kw_only=True):
+    """On a cancel: how much of the context's audio the server had handed to the socket."""
+
+    audio_s: float
+    samples: int  # at the session's output sample rate
+    words: int | None = None  # words whose audio was sent whole (None: timestamps off)
+    text: str | None = None  # those words, to keep in an agent's context
+
+
 class Done(msgspec.Struct, tag="done", kw_only=True):
     reason: str  # "end" | "cancelled"
     segments: int
@@ -155,6 +186,7 @@ class Done(msgspec.Struct, tag="done", kw_only=True):
     ttfa_ms: float | None  # first segment cut -> first audio byte queued for sending
     rtf: float | None  # wall time from first segment to last audio / audio seconds
     chars: int
+    sent: Sent | None = None  # on a cancel: how far the client was sent audio
     context_id: str | None = None  # omitted for the session's own (final) done
 
 
@@ -173,7 +205,7 @@ class AudioHeader(msgspec.Struct, tag="audio", kw_only=True):
     bytes: int
 
 
-ServerMessage = Ready | SegmentInfo | Done | Error | AudioHeader
+ServerMessage = Ready | SegmentInfo | Done | Error | AudioHeader | Alignment
 
 ENCODER = msgspec.json.Encoder()
 
@@ -295,10 +327,17 @@ def _classify(data: str | bytes, exc: msgspec.ValidationError) -> Decoded:
 
 def encode(msg: ServerMessage) -> str:
     """A server message as JSON text (text frames carry ``str``). An absent ``context_id``
-    is left out, so clients that use no contexts see the messages they always saw."""
-    if getattr(msg, "context_id", "") is None:
+    (and a ``done``'s absent ``sent``) is left out, so clients that use no contexts see the
+    messages they always saw."""
+    if isinstance(msg, Alignment):  # the character lists only when asked for
+        obj = {k: v for k, v in msgspec.to_builtins(msg).items() if v is not None}
+        return ENCODER.encode(obj).decode("utf-8")
+    if getattr(msg, "context_id", "") is None or getattr(msg, "sent", "") is None:
         obj = msgspec.to_builtins(msg)
-        del obj["context_id"]
+        if obj.get("context_id", "") is None:
+            del obj["context_id"]
+        if obj.get("sent", "") is None:  # a `done` says what was sent only on a cancel
+            del obj["sent"]
         return ENCODER.encode(obj).decode("utf-8")
     return ENCODER.encode(msg).decode("utf-8")
 

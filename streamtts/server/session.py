@@ -52,7 +52,7 @@ from ..errors import (
     SamplingError,
     VoiceStoreUnavailableError,
 )
-from ..request import StreamOptions, StreamStats, Voice
+from ..request import StreamOptions, StreamStats, Voice, WordTime
 from ..text.segmenter import (
     DEFAULT_CLAUSE_MIN_CHARS,
     DEFAULT_MAX_CHARS,
@@ -60,6 +60,8 @@ from ..text.segmenter import (
     Segmenter,
     SegmenterConfig,
 )
+from ..timing.modes import check_timestamps
+from .alignment import ContextWords
 from .protocol import (
     PROTOCOL_VERSION,
     AudioHeader,
@@ -74,6 +76,7 @@ from .protocol import (
     Limits,
     Ready,
     SegmentInfo,
+    Sent,
     ServerMessage,
     Start,
     Text,
@@ -202,6 +205,7 @@ class _Context:
     segmenter: Segmenter
     encoder: StreamEncoder
     n: _Numbers = field(default_factory=_Numbers)
+    words: ContextWords = field(default_factory=ContextWords)  # word times sent (timestamps)
     ended: bool = False  # `end` received: EndInput sent, waiting for pipeline_finished
     finished: bool = False  # the implicit context's pipeline is done (named ones are removed)
 
@@ -221,6 +225,7 @@ class Session:
         voices: Callable[[str], Voice | None] | None = None,
         session_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sent_audio: Callable[[str | None], float] | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
         self.id = session_id or secrets.token_hex(8)
@@ -237,6 +242,9 @@ class Session:
         self.close_code: int | None = None
         self.heard = False  # a first message (any frame) arrived
         self._start_refused = False
+        self.timestamps = "none"  # from `start`: "words" | "chars" sends `alignment` messages
+        # seconds of a context's audio the I/O layer has handed to the socket (cancel's done)
+        self._sent_audio = sent_audio or (lambda _cid: 0.0)
 
     # -- outputs ---------------------------------------------------------------------------------
     def actions(self) -> list[Action]:
@@ -333,15 +341,23 @@ class Session:
 
     # -- I/O layer events ------------------------------------------------------------------------
     def audio(
-        self, pcm: npt.NDArray[np.float32], frames: int = 0, context_id: str | None = None
+        self,
+        pcm: npt.NDArray[np.float32],
+        frames: int = 0,
+        context_id: str | None = None,
+        words: list[WordTime] | None = None,
+        segment: int = 0,
     ) -> None:
-        """New audio from a context's pipeline (float32, 24 kHz, joins already faded)."""
+        """New audio from a context's pipeline (float32, 24 kHz, joins already faded); with
+        ``timestamps``, the estimated ``words`` whose audio starts in it go out first."""
         ctx = self._contexts.get(context_id)
         if self.closed or ctx is None or ctx.finished:
             return
         for n in (ctx.n, self.n):
             n.frames += frames
             n.samples_in += int(pcm.shape[0])
+        if words and self.timestamps != "none":
+            self._send(ctx.words.message(words, segment, self.timestamps == "chars", context_id))
         self._send_audio(ctx, ctx.encoder.encode(pcm))
 
     def segment_done(
@@ -568,9 +584,10 @@ class Session:
         self._out.append(Abort())
         for cid, ctx in list(self._contexts.items()):
             if cid is not None:
-                self._send(self._done("cancelled", ctx.n, cid))
+                self._send(self._done("cancelled", ctx.n, cid, self._sent(ctx)))
                 self._forget(cid)
-        self._send(self._done("cancelled", self.n))
+        implicit = self._contexts.get(None)
+        self._send(self._done("cancelled", self.n, sent=None if implicit is None else self._sent(implicit)))
         self._close(CloseCode.NORMAL, "cancelled")
 
     def _on_cancel_context(self, cid: str) -> None:
@@ -583,7 +600,7 @@ class Session:
         n = _Numbers() if ctx is None else ctx.n
         if ctx is not None:
             self._out.append(Abort(cid))
-        self._send(self._done("cancelled", n, cid))
+        self._send(self._done("cancelled", n, cid, None if ctx is None else self._sent(ctx)))
         self._forget(cid)
         self._maybe_finish()
 
@@ -692,6 +709,7 @@ class Session:
                 max_chars=s.max_chars,
             ).validate()
             sampling = msg.sampling.validate() if msg.sampling is not None else None
+            timestamps = check_timestamps(msg.timestamps)
             options = self._options(msg, sampling)
         except SamplingError as exc:  # named as the client wrote it, inside `sampling`
             self._error(ErrorCode.INVALID_OPTION, f"sampling.{exc}")
@@ -700,6 +718,7 @@ class Session:
             self._error(ErrorCode.INVALID_OPTION, str(exc))
             return False
         self.format = fmt
+        self.timestamps = timestamps
         self._seg_cfg = seg_cfg
         self._contexts[None] = _Context(None, Segmenter(seg_cfg), StreamEncoder(fmt))
         self.state = "streaming"
@@ -738,6 +757,7 @@ class Session:
             sampling=sampling,
             max_new_tokens=mnt,
             normalize=msg.normalize,
+            timestamps=None if msg.timestamps in (None, "none") else msg.timestamps,
         )
 
     def _submit(self, ctx: _Context, segments: list[str]) -> None:
@@ -746,6 +766,7 @@ class Session:
             for n in (ctx.n, self.n):
                 if n.t_first_segment is None:
                     n.t_first_segment = now
+            ctx.words.texts[ctx.n.segments] = text
             self._out.append(Synthesize(ctx.n.segments, text, ctx.id))
             ctx.n.segments += 1
             self.n.segments += 1
@@ -762,7 +783,20 @@ class Session:
         header = None if cid is None else encode(AudioHeader(context_id=cid, bytes=len(data)))
         self._out.append(SendAudio(data, len(data) / self.format.bytes_per_second, cid, header))
 
-    def _done(self, reason: str, n: _Numbers, context_id: str | None = None) -> Done:
+    def _sent(self, ctx: _Context) -> Sent:
+        """How far the client was sent ``ctx``'s audio (the unsent rest is dropped now)."""
+        seconds = max(0.0, self._sent_audio(ctx.id))
+        words, text = ctx.words.heard(seconds) if self.timestamps != "none" else (None, None)
+        return Sent(
+            audio_s=round(seconds, 3),
+            samples=int(round(seconds * self.format.sample_rate)),
+            words=words,
+            text=text,
+        )
+
+    def _done(
+        self, reason: str, n: _Numbers, context_id: str | None = None, sent: Sent | None = None
+    ) -> Done:
         audio_s = n.frames / FRAME_RATE
         ttfa = None
         rtf = None
@@ -778,6 +812,7 @@ class Session:
             ttfa_ms=ttfa,
             rtf=rtf,
             chars=n.chars,
+            sent=sent,
             context_id=context_id,
         )
 

@@ -7,7 +7,8 @@ one of OpenAI's (``mp3``, the default, ``opus``, ``aac``, ``wav``, ``pcm``) stre
 it is produced, ``flac`` whole at the end (openai_formats.py), or any name of
 :data:`streamtts.audio.formats.FORMATS`. ``speed`` 0.25 to 4.0 (FFmpeg's ``atempo``).
 ``stream_format: "sse"`` sends ``speech.audio.delta`` events (base64 audio) and a final
-``speech.audio.done``. ``voice``: a name of the config's ``voices:`` table (by default
+``speech.audio.done``; with ``timestamps: "words"`` (SSE only) a ``speech.alignment`` event
+with the estimated times of the words goes before the audio that holds them. ``voice``: a name of the config's ``voices:`` table (by default
 OpenAI's names, the model's own voice; voice_names.py) or an id from ``POST /v1/voices``.
 ``instructions`` go to the prompt's instruction field.
 
@@ -42,8 +43,9 @@ from ..engine.segmented import (
     SegmentFailed,
 )
 from ..errors import SamplingError, VoiceStoreUnavailableError
-from ..request import StreamOptions, Voice
+from ..request import StreamOptions, Voice, WordTime
 from ..text.segmenter import Segmenter, SegmenterConfig
+from ..timing.modes import check_timestamps
 from .app_state import ServerState
 from .drain import RETRY_AFTER_S, HttpStream
 from .logs import REFUSALS
@@ -74,6 +76,7 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
     seed: int | None = None
     max_new_tokens: int | None = None
     sampling: SamplingParams | None = None
+    timestamps: str | None = None  # "words" (stream_format "sse"): speech.alignment events
 
 
 def error_response(
@@ -246,7 +249,7 @@ async def speech_endpoint(request: Request) -> Response:
         )
     drained = HttpStream()  # what the drain sees of this stream (drain.py)
     output = SpeechOutput(fmt, req.speed)
-    body_iter = _body(state, events, first, output, sse, release, drained, req.input)
+    body_iter = _body(state, events, first, output, sse, release, drained, req.input, req.speed)
     media = "text/event-stream" if sse else fmt.mime_type
     headers = {
         "Cache-Control": "no-store",
@@ -272,6 +275,20 @@ def _format(req: SpeechRequest) -> tuple[SpeechFormat, bool]:
             f"stream_format must be 'audio' or 'sse', got {req.stream_format!r}",
         )
     sse = req.stream_format == "sse"
+    try:
+        mode = check_timestamps(req.timestamps)
+    except ValueError as exc:
+        raise SpeechRequestError(ErrorCode.INVALID_REQUEST, "timestamps", str(exc)) from None
+    if mode == "chars":
+        raise SpeechRequestError(
+            ErrorCode.INVALID_REQUEST, "timestamps", "timestamps here are 'words' or 'none' (character times: the WebSocket)"
+        )
+    if mode != "none" and not sse:
+        raise SpeechRequestError(
+            ErrorCode.INVALID_REQUEST,
+            "timestamps",
+            "timestamps need stream_format 'sse' (an audio body has nowhere to put them)",
+        )
     return resolve_format(req.response_format, sse), sse
 
 
@@ -296,6 +313,7 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
         seed=req.seed,
         max_new_tokens=mnt,
         sampling=sampling,
+        timestamps=None if req.timestamps in (None, "none") else req.timestamps,
     )
     return options, reference
 
@@ -323,6 +341,7 @@ async def _body(
     release: Any,
     drained: HttpStream,
     text: str = "",
+    speed: float = 1.0,
 ) -> AsyncIterator[bytes]:
     m = state.metrics
     frames = 0
@@ -341,6 +360,8 @@ async def _body(
         while ev is not None:
             if isinstance(ev, SegmentAudio):
                 frames += ev.frames
+                if sse and ev.words:  # before the audio that holds them; `speed` shortens it
+                    yield _alignment_event(ev.words, speed)
                 data = await output.feed(ev.pcm)
                 m.audio_seconds_total.inc(ev.pcm.shape[0] / SAMPLE_RATE)
                 if data:
@@ -390,6 +411,18 @@ async def _body(
                 await events.aclose()
         finally:
             release()
+
+
+def _alignment_event(words: list[WordTime], speed: float) -> bytes:
+    event = {
+        "type": "speech.alignment",
+        "words": [
+            {"word": w.word, "start": round(w.start / speed, 4), "end": round(w.end / speed, 4)}
+            for w in words
+        ],
+        "estimated": True,
+    }
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
 async def _next_unless_cut(

@@ -91,6 +91,7 @@ class Outbox:
         self._items: deque[tuple[Item, float, str | None]] = deque()  # (item, seconds, context)
         self.audio_s = 0.0  # audio seconds queued
         self.sent_s = 0.0  # audio seconds taken by the sender so far
+        self.sent_by: dict[str | None, float] = {}  # ... per context (None: the implicit one)
         self._audio_items = 0
         self._backlog_since: float | None = None
         self._sent_at_backlog = 0.0
@@ -116,11 +117,12 @@ class Outbox:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
-        item, seconds, _ = self._items.popleft()
+        item, seconds, cid = self._items.popleft()
         if isinstance(item, (bytes, ContextFrame)):
             self._audio_items -= 1
             self.audio_s -= seconds
             self.sent_s += seconds
+            self.sent_by[cid] = self.sent_by.get(cid, 0.0) + seconds
             if self.audio_s < self.limit_s:
                 self._room.set()
             if self._audio_items == 0:
@@ -185,15 +187,20 @@ class WsConnection:
         self.ws = ws
         self.state = state
         self.settings = state.settings
-        self.session = Session(state.settings.session, voices=self._voice)
+        self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
+        self.session = Session(
+            state.settings.session,
+            voices=self._voice,
+            sent_audio=lambda cid: self.outbox.sent_by.get(cid, 0.0),
+        )
         # A voice fetch (shared store) that failed: the session's lookup raises it.
         self._voice_errors: dict[str, VoiceStoreUnavailableError] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
         # one speech pipeline and runner task per context (None: the implicit one)
         self.pipelines: dict[str | None, SegmentedSpeech] = {}
         self.runners: dict[str | None, asyncio.Task[None]] = {}
         self._reference: Voice | None = None  # from `start`, else the first voice a context fixed
+        self._timing_rate: float | None = None  # speaking rate the word times measured last
         self._options = StreamOptions()
         self.sender: asyncio.Task[None] | None = None
         self.receiver: asyncio.Task[None] | None = None
@@ -355,6 +362,9 @@ class WsConnection:
             continuity_frames=self.settings.continuity_frames,
             fade_ms=self.settings.fade_ms,
         )
+        # a new context (a new turn) starts from the rate the session's voice spoke at so far
+        rates = [q.timing_rate for q in self.pipelines.values() if q.timing_rate is not None]
+        p.timing_rate = rates[-1] if rates else self._timing_rate
         self.pipelines[cid] = p
         name = f"ws-run-{self.session.id}" + ("" if cid is None else f"-{cid}")
         self.runners[cid] = asyncio.create_task(self._run_pipeline(p, cid), name=name)
@@ -366,7 +376,7 @@ class WsConnection:
             async with contextlib.aclosing(pipeline.events()) as events:
                 async for ev in events:
                     if isinstance(ev, SegmentAudio):
-                        session.audio(ev.pcm, ev.frames, cid)
+                        session.audio(ev.pcm, ev.frames, cid, ev.words, ev.index)
                     elif isinstance(ev, SegmentDone):
                         session.segment_done(
                             ev.index, ev.text, ev.start_frame, ev.frames, ev.stats, cid
@@ -386,6 +396,8 @@ class WsConnection:
             session.internal_error(exc)
             await self._apply(session.actions())
         finally:
+            if pipeline.timing_rate is not None:
+                self._timing_rate = pipeline.timing_rate
             if cid is not None and self.pipelines.get(cid) is pipeline:
                 if pipeline.reference is not None and self._reference is None:
                     self._reference = pipeline.reference

@@ -65,7 +65,7 @@ def test_stream_turns_pushed_tokens_into_audio_frames(server: Any, voice_id: str
     async def scenario() -> tuple[list[Any], bytes]:
         tts = make_tts(server, voice_id)
         try:
-            assert tts.capabilities.streaming and not tts.capabilities.aligned_transcript
+            assert tts.capabilities.streaming and tts.capabilities.aligned_transcript
             stream = tts.stream()
             for word in TEXT.split(" "):
                 stream.push_text(word + " ")
@@ -82,6 +82,13 @@ def test_stream_turns_pushed_tokens_into_audio_frames(server: Any, voice_id: str
     assert all(ev.frame.sample_rate == RATE and ev.frame.num_channels == 1 for ev in events)
     assert events[-1].is_final and len({ev.segment_id for ev in events}) == 1
     same_audio(b"".join(bytes(ev.frame.data.cast("b")) for ev in events), want)
+    # the words ride on the frames as LiveKit's timed transcript (estimated times, in order)
+    from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+
+    timed = [t for ev in events for t in ev.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+    assert "".join(timed).strip() == TEXT
+    edges = [x for t in timed for x in (t.start_time, t.end_time)]
+    assert edges == sorted(edges) and edges[-1] <= sum(ev.frame.duration for ev in events) + 0.02
     server.wait_idle()
 
 

@@ -382,3 +382,81 @@ def test_the_example_agent_runs(server: Any, tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "is `streamtts serve` running?" in bad.stderr
+
+
+def test_an_interrupted_turn_enters_the_context_as_the_words_heard(server: Any, voice_id: str) -> None:
+    """Barge-in through the real pipeline: the server's word times go to Pipecat's
+    ``add_word_timestamps``, so Pipecat's own assistant aggregator puts into the LLM context
+    only the words whose audio was played before the interruption, not the whole reply."""
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import LLMAssistantAggregator
+
+    from streamtts.server.protocol import Alignment
+
+    async def scenario() -> dict[str, Any]:
+        tts = WatchedService(url=server.ws, voice=voice_id, seed=7, sampling=GREEDY)
+        context = LLMContext()
+        assistant = LLMAssistantAggregator(context)
+        stopped: list[Any] = []
+
+        @assistant.event_handler("on_assistant_turn_stopped")  # type: ignore[untyped-decorator]
+        async def on_stopped(_agg: Any, message: Any) -> None:
+            stopped.append(message)
+
+        sink = Collector()
+        task = PipelineWorker(
+            Pipeline([tts, assistant, sink]),
+            params=PipelineParams(audio_out_sample_rate=RATE),
+            idle_timeout_secs=None,
+            check_dangling_tasks=False,
+        )
+        runner_ = WorkerRunner(handle_sigint=False)
+        await runner_.add_workers(task)
+        runner = asyncio.create_task(runner_.run())
+        a = Agent(task, tts, sink, runner)
+        try:
+            await a.wait(lambda: tts.session is not None, 60)
+            await a.turn(LONG)
+            c1, _ = await a.first_audio_of_new_context(0)
+            # about 1.5 s of the reply played, then the user barges in
+            await a.wait(lambda: sum(len(f.audio) for f in sink.audio(c1)) >= 3 * RATE)
+            played_s = sum(len(f.audio) for f in sink.audio(c1)) / (2 * RATE)
+            await task.queue_frame(InterruptionFrame())
+            await a.wait(lambda: any(k == "Done" and c == c1 for _, k, c, _ in tts.wire))
+            await a.wait(lambda: bool(stopped))
+            await asyncio.sleep(0.2)  # anything still in flight would land now
+            words = [w for _, k, c, ev in tts.wire if k == "Alignment" and c == c1 for w in ev.words if isinstance(ev, Alignment)]
+            return {
+                "played_s": played_s,
+                "played_after_s": sum(len(f.audio) for f in sink.audio(c1)) / (2 * RATE),
+                "words": words,
+                "messages": context.get_messages(),
+                "stopped": stopped,
+                "done": next(ev for _, k, c, ev in tts.wire if k == "Done" and c == c1),
+            }
+        finally:
+            await task.queue_frame(EndFrame())
+            try:
+                async with asyncio.timeout(30):
+                    await runner
+            except TimeoutError:
+                await task.cancel()
+
+    out = asyncio.run(scenario())
+    said = [m for m in out["messages"] if m.get("role") == "assistant"]
+    assert said, f"no assistant message in the context: {out['messages']}"
+    content = said[-1]["content"]
+    text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
+    heard = text.split()
+    print(f"\nplayed {out['played_s']:.2f} s ({out['played_after_s']:.2f} s at the cancel), context: {text!r}")
+    assert out["stopped"][-1].interrupted
+    assert 0 < len(heard) < len(LONG.split()), "the whole reply (or nothing) entered the context"
+    assert LONG.split()[: len(heard)] == heard  # the reply's first words, in order
+    # every word timed inside the audio the pipeline played is kept; none beyond what the
+    # server had sent when the cancel came (its done says how far that was: a word's time
+    # goes out just before its audio, so Pipecat may be a message behind the socket)
+    played = sum(1 for w in out["words"] if w.end <= out["played_after_s"])
+    sent = out["done"].sent
+    assert sent is not None and sent.text is not None and sent.words is not None
+    assert played <= len(heard) <= sent.words, (played, len(heard), sent)
+    assert sent.text.startswith(text)
