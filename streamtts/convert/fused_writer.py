@@ -30,7 +30,7 @@ from ..model.fused import (
     read_fused_info,
 )
 from ..paths import gguf_writer_at
-from . import fused
+from ..model import fused
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import EngineConfig
