@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core.tokens import TokenIds
 from ..errors import ConfigError, ModelFileError
+from ..model import fused
 from ..model.fused import (
     KEY,
     AudioDtype,
@@ -30,7 +31,6 @@ from ..model.fused import (
     read_fused_info,
 )
 from ..paths import gguf_writer_at
-from ..model import fused
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import EngineConfig

@@ -371,5 +371,22 @@ def test_slots_between_stepped_streams_get_stand_in_rows(demo_model_dir: Path) -
     assert len(stand_in_free) >= 5 and len(stand_in_prompt) >= 3, joined.removed  # type: ignore[attr-defined]
     for i in (1, 3):  # the streams in slot 1: a leftover stand-in cell would change them
         np.testing.assert_array_equal(alone[i], together[i])
-    for a, j in zip(alone, together, strict=True):
-        np.testing.assert_array_equal(a, j)
+    # Streams 0 and 2 step in 1-row calls alone and 2-3-row calls joined: llama.cpp's f16
+    # matmuls round a row differently for different batch sizes (last bits; the AVX2 and
+    # AVX-512 kernels differ in where), so 1200 greedy frames may meet a near tie that flips
+    # (the AVX2 build did at step 572 of stream 0; 53 % of its codes then differ). What a
+    # stand-in promises is that it leaves no trace: a leftover KV cell would change every
+    # later row by far more than that residual. So: the codes agree up to a flip, and every
+    # row computed from the same codes agrees within the residual.
+    prompts = list(dict.fromkeys(p for p, _ in solo.rows))  # alone: the streams in turn
+    assert len(prompts) == len(texts)
+    for prompt, a, j in zip(prompts, alone, together, strict=True):
+        assert a.shape == j.shape
+        t, k = np.nonzero(a != j)
+        first = int((t + k).min()) if t.size else a.shape[0] + a.shape[1] - 1  # delayed step
+        p0 = min(pos for p, pos in solo.rows if p == prompt)
+        keys = [(p, pos) for p, pos in solo.rows if p == prompt and pos - p0 < first and (p, pos) in joined.rows]
+        assert len(keys) >= min(first, 100), (len(keys), first)
+        for key in keys:
+            r, q = solo.rows[key], joined.rows[key]
+            np.testing.assert_allclose(q, r, rtol=0, atol=1e-6 * max(1.0, float(np.abs(r).max())), err_msg=str(key[1] - p0))
