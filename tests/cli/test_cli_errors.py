@@ -288,7 +288,7 @@ def test_pipecat_example_without_pipecat_names_the_extra(tmp_path: Path) -> None
     hide = tmp_path / "hide"
     hide.mkdir()
     for name in ("loguru", "pipecat"):
-        (hide / f"{name}.py").write_text(f"raise ModuleNotFoundError('No module named {name!r}', name={name!r})\n")
+        (hide / f"{name}.py").write_text(f'raise ModuleNotFoundError("No module named {name}", name="{name}")\n')
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, str(EXAMPLES / "pipecat_agent.py"), "--server", NO_SERVER],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip
