@@ -430,6 +430,9 @@ def ensure_fused(
     src = Path(cfg.backbone_gguf)
     if not src.is_file() or not Path(cfg.lm_head_dir).is_dir():
         return ""  # build_runtime names the missing file
+    with src.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            return ""  # not a GGUF: loading the backbone names the problem
     if progress is not None:  # a phase without a size: parsing a real vocabulary takes seconds
         progress(f"reading {src.name}", 0, 0)
     try:
