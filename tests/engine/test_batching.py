@@ -34,6 +34,7 @@ async def codes_of(e: Engine, text: str, opts: StreamOptions, delay: float = 0.0
     return (await e.generate(text, reference=ref, options=opts)).codes
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("greedy", [True, False])
 def test_batched_equals_alone_with_random_joins(demo_model_dir: Path, greedy: bool) -> None:
     """A stream's codes don't depend on what runs beside it.
@@ -99,6 +100,7 @@ class RecordingBackbone:
         return r
 
 
+@pytest.mark.determinism
 def test_every_output_row_is_bit_identical_alone_or_joined(demo_model_dir: Path, voice_wav: Path) -> None:
     """What llama.cpp computes for a stream (prompt's last row, then every step) is the
     same bits whether it runs alone or with others joining at random moments.
@@ -159,6 +161,7 @@ def test_every_output_row_is_bit_identical_alone_or_joined(demo_model_dir: Path,
         np.testing.assert_array_equal(a, j)
 
 
+@pytest.mark.determinism
 def test_32_streams_complete(demo_model_dir: Path) -> None:
     async def main() -> list[Any]:
         async with engine(demo_model_dir, max_streams=32, n_threads=2) as e:
@@ -309,6 +312,7 @@ def test_max_batch_rows_prefers_streams_closest_to_running_dry(demo_model_dir: P
     assert ticks[-1] - ticks[0] == 2  # frames 0, 1, 2 on consecutive ticks
 
 
+@pytest.mark.determinism
 def test_slots_between_stepped_streams_get_stand_in_rows(demo_model_dir: Path) -> None:
     """Streams in slots 0 and 2 step in one call over sequences 0, 1, 2 (llama.cpp would run
     0 and 2 as two graphs, each reading all the weights): slot 1, free or holding a prompt

@@ -49,6 +49,7 @@ def official_greedy_frames(demo_model_dir: Path, text: str, max_new: int) -> np.
     return official.official_greedy_frames(load_config(demo_model_dir / "config.yaml"), text, max_new)
 
 
+@pytest.mark.determinism
 def test_greedy_codes_match_official_algorithm(demo_model_dir: Path) -> None:
     # without the prefix cache the prompt is fed in one call, exactly as the official pipeline
     async def main() -> tuple[np.ndarray, Any]:
@@ -100,6 +101,7 @@ def test_first_chunk_right_after_step_31(demo_model_dir: Path) -> None:
         assert c.step == c.frames.stop - 1 + 31
 
 
+@pytest.mark.determinism
 def test_seeded_sampling_is_reproducible(demo_model_dir: Path) -> None:
     async def main() -> list[np.ndarray]:
         async with make_engine(demo_model_dir) as engine:
@@ -113,6 +115,7 @@ def test_seeded_sampling_is_reproducible(demo_model_dir: Path) -> None:
     assert not np.array_equal(a, c)
 
 
+@pytest.mark.determinism
 def test_two_concurrent_streams_match_alone(demo_model_dir: Path) -> None:
     async def main() -> tuple[list[np.ndarray], list[np.ndarray]]:
         async with make_engine(demo_model_dir, max_streams=2) as engine:
@@ -345,6 +348,7 @@ def test_long_text_is_spoken_in_segments_in_one_voice(demo_model_dir: Path) -> N
     assert active == 0
 
 
+@pytest.mark.determinism
 def test_audio_heads_split_across_threads_give_the_same_bits(demo_model_dir: Path) -> None:
     from threadpoolctl import threadpool_limits
 
