@@ -83,7 +83,7 @@ def quantize(
     """``llama_model_quantize(src, dst, quant)``; raises NativeLibraryError with llama.cpp's
     own message when it fails. ``poll`` is called every 0.2 s while it runs (progress);
     the call itself runs in a thread (ctypes releases the GIL)."""
-    from . import _llama
+    from ..model import _llama
 
     if quant == "F16":
         raise ConfigError("F16 is the converted file itself, not a quantization")
