@@ -181,7 +181,7 @@ class AudioHeads:
     runs each call on one thread (``blas_threads: 1``, the engine's setting); more BLAS
     threads split a call as OpenBLAS sees fit. Cost against one call (one thread, median
     of 15, H 1024/2048, B 1/4/8, both kernel sets, a shared 2-core machine): -31 % to
-    +25 %, faster in 10 of 12 cases (the chunks' weights stay in cache while all rows use them).
+    +25 %, faster in 10 of 12 cases.
     """
 
     def __init__(self, lm_head_dir: str | Path, ids: TokenIds, n_embd: int, *, threads: int = 1) -> None:
