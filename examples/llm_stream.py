@@ -114,5 +114,7 @@ if __name__ == "__main__":
         fail(f"{exc.reason}; add --save FILE to write the audio instead")
     except ServerError as exc:
         fail(f"the server said {exc}")
+    except ImportError as exc:  # --llm needs httpx
+        fail(f"{exc.name} is missing: pip install 'streamtts[examples]'")
     except OSError as exc:
         fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

@@ -34,23 +34,30 @@ import urllib.error
 import urllib.request
 import wave
 
-from loguru import logger
-from pipecat.frames.frames import (
-    EndFrame,
-    Frame,
-    InterruptionFrame,
-    LLMFullResponseEndFrame,
-    LLMFullResponseStartFrame,
-    LLMTextFrame,
-    TTSAudioRawFrame,
-    TTSStoppedFrame,
-)
-from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.workers.runner import WorkerRunner
+try:  # one line naming the extra, not a traceback from deep inside an import
+    from loguru import logger
+    from pipecat.frames.frames import (
+        EndFrame,
+        Frame,
+        InterruptionFrame,
+        LLMFullResponseEndFrame,
+        LLMFullResponseStartFrame,
+        LLMTextFrame,
+        TTSAudioRawFrame,
+        TTSStoppedFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.workers.runner import WorkerRunner
 
-from streamtts.integrations.pipecat import StreamTTSService
+    from streamtts.integrations.pipecat import StreamTTSService
+except ImportError as exc:
+    print(
+        f"pipecat_agent.py: error: {exc.name} is missing: pip install 'streamtts[pipecat]'",
+        file=sys.stderr,
+    )
+    sys.exit(2)
 
 FIRST = (
     "The sea covers about seventy percent of the planet, and most of it has never been "

@@ -24,6 +24,10 @@
 #                            86 (A10, RTX 30xx), 80 (A100). Default: "native" when nvidia-smi
 #                            sees a GPU, else "80;86;89;90" (slower to build)
 #   STREAMTTS_NATIVE=0       build portable binaries (-DGGML_NATIVE=OFF); default 1 (-march=native)
+#   STREAMTTS_CPU_ISA=avx2   CPU: a portable build with AVX2/FMA/F16C/BMI2 kernels and no AVX-512
+#                            (what an AMD EPYC Zen 2/3 or a Haswell runs), whatever this CPU has;
+#                            its own pointer current-cpu-avx2, so it never replaces current-cpu.
+#                            The determinism tests run against it (scripts/test.sh --avx2)
 #   STREAMTTS_OPENMP=1       use OpenMP for llama.cpp's CPU threads (default 0: ggml's own
 #                            thread pool, which the bridge can make sleep instead of spin)
 #   STREAMTTS_BATCH_INVARIANT=1  CPU: -DGGML_LLAMAFILE=OFF, so a row's result never depends on
@@ -54,6 +58,13 @@ BRIDGE_NAME="libstreamtts_bridge.so"
 
 VARIANT=cpu
 if [[ "${STREAMTTS_CUDA:-0}" == 1 ]]; then VARIANT=cuda; fi
+CPU_ISA="${STREAMTTS_CPU_ISA:-}"
+case "$CPU_ISA" in
+    "") ;;
+    avx2) [[ "$VARIANT" == cpu ]] || { echo "error: STREAMTTS_CPU_ISA=avx2 is for the CPU build only" >&2; exit 2; }
+          VARIANT=cpu-avx2 ;;
+    *) echo "error: STREAMTTS_CPU_ISA=$CPU_ISA: the one kernel set on offer is 'avx2'" >&2; exit 2 ;;
+esac
 
 STEP_NO=0
 STEP_NAME="starting"
@@ -209,6 +220,15 @@ if command -v ninja >/dev/null; then GENERATOR=(-G Ninja); fi
 JOBS="${STREAMTTS_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 NATIVE_OPT=ON
 if [[ "${STREAMTTS_NATIVE:-1}" == 0 ]]; then NATIVE_OPT=OFF; fi
+ISA_OPTS=()
+if [[ "$CPU_ISA" == avx2 ]]; then
+    # spelt out, so a changed ggml default never brings AVX-512 (or drops AVX2) silently
+    NATIVE_OPT=OFF
+    ISA_OPTS=(-DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+              -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF
+              -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF
+              -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+fi
 OPENMP_OPT=OFF
 if [[ "${STREAMTTS_OPENMP:-0}" == 1 ]]; then OPENMP_OPT=ON; fi
 # llamafile's sgemm computes batches of >= 2 rows with another accumulation order than
@@ -233,6 +253,7 @@ CMAKE_OPTS=(
     -DGGML_OPENMP="$OPENMP_OPT"
     -DGGML_LLAMAFILE="$LLAMAFILE_OPT"
     -DGGML_BACKEND_DL=OFF
+    "${ISA_OPTS[@]}"
     # every library finds its siblings in its own folder: no LD_LIBRARY_PATH needed
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
     "-DCMAKE_INSTALL_RPATH=\$ORIGIN"

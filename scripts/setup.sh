@@ -62,5 +62,16 @@ step "installing streamtts[$extras] into .venv"
 # -- 3. llama.cpp + bridge -----------------------------------------------------------------
 CURRENT="native build"
 step "building llama.cpp and the streamtts bridge (cached)"
+if [ ! -e "${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}/native/current-cpu" ]; then
+  # the longest wait of a first setup: about 5 CPU-minutes of compiling (measured: 4m50s)
+  cores=$(nproc 2>/dev/null || echo 2)
+  echo "    first build: compiling llama.cpp takes about $(( (5 + cores - 1) / cores + 1 )) min on $cores core(s)" \
+       "(longer on a busy machine); the steps follow, later runs take seconds"
+fi
 PATH="$PWD/.venv/bin:$PATH" bash native/build.sh
+# speak's default output: say now, not after the first synthesis, when nothing can play
+if [ ! -d /dev/snd ] || [ -z "$(ls -A /dev/snd 2>/dev/null)" ]; then
+  echo "    no sound card found (/dev/snd is empty): \`streamtts speak\` writes its audio to speak.wav" \
+       "instead (or --save FILE)"
+fi
 step "setup complete: activate with 'source .venv/bin/activate'"

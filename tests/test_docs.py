@@ -3,9 +3,9 @@
 How a block is treated, decided by its language tag and an optional marker:
 
 - ```` ```bash ```` (``sh``, ``shell``) and ```` ```python ````: run, in the order of the file, in
-  a scratch folder that mirrors the checkout (its top-level entries are symlinked, so
-  ``examples/...``, ``configs/...`` and ``scripts/...`` resolve as in a checkout; what a block
-  writes lands in the scratch folder). Shell blocks run with ``bash -euo pipefail``, Python
+  a scratch folder holding a copy of the checkout (``examples/...``, ``configs/...`` and
+  ``scripts/...`` resolve as in a checkout; what a block writes lands in the copy, never in
+  the checkout, which the test finds unchanged at the end; ``tests/`` is left out). Shell blocks run with ``bash -euo pipefail``, Python
   blocks with the suite's interpreter. The environment is the one ``scripts/setup.sh`` makes:
   ``.venv`` is the running interpreter's environment, first on ``PATH``.
 - a runnable block whose first line is ``# needs: WHAT`` is not run: it needs what the suite
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,6 +178,7 @@ RUN_FILES = sorted({b.path for b in ALL if is_run(b)})
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", RUN_FILES, ids=[str(p.relative_to(ROOT)) for p in RUN_FILES])
 def test_doc_blocks_run_as_written(doc: Path, tmp_path: Path) -> None:
+    before = checkout_state()
     scratch = mirror_checkout(tmp_path / "checkout")
     port = free_port()
     env = block_env(port)
@@ -190,6 +192,9 @@ def test_doc_blocks_run_as_written(doc: Path, tmp_path: Path) -> None:
     finally:
         for pgid in groups:
             stop_group(pgid)
+    after = checkout_state()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the blocks of {doc.name} wrote into the checkout: {changed[:10]}"
 
 
 def run_block(b: Block, code: str, cwd: Path, env: dict[str, str], i: int, groups: list[int]) -> None:
@@ -223,14 +228,36 @@ def tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
+# not copied: history, environments, build output, caches, the suite itself (58 MB of fixtures)
+_NOT_COPIED = {".git", ".venv", "tests", "build", "__pycache__"}
+_CACHES = (".pytest_cache", ".ruff_cache", ".mypy_cache", "__pycache__")
+
+
 def mirror_checkout(dest: Path) -> Path:
-    """A folder where the checkout's paths resolve and the environment sits in ``.venv``."""
+    """A copy of the checkout where its paths resolve, with the environment in ``.venv``
+    (a link to an environment, never written by a block)."""
     dest.mkdir()
     for entry in ROOT.iterdir():
-        if entry.name not in (".git", ".venv") and not entry.name.startswith(".pytest"):
-            (dest / entry.name).symlink_to(entry)
+        if entry.name in _NOT_COPIED or entry.name.startswith(_CACHES) or entry.name.endswith(".egg-info"):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, dest / entry.name, symlinks=True, ignore=shutil.ignore_patterns(*_CACHES))
+        else:
+            shutil.copy2(entry, dest / entry.name, follow_symlinks=False)
     (dest / ".venv").symlink_to(Path(sys.prefix))
     return dest
+
+
+def checkout_state() -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file in the checkout but caches and .git: a block that wrote
+    there (through a path outside its folder) shows up as a change."""
+    state: dict[str, tuple[int, int]] = {}
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in (".git", "build") and not d.startswith(_CACHES) and not d.endswith(".egg-info")]
+        for f in files:
+            st = os.lstat(os.path.join(top, f))
+            state[os.path.relpath(os.path.join(top, f), ROOT)] = (st.st_size, st.st_mtime_ns)
+    return state
 
 
 def block_env(port: int) -> dict[str, str]:

@@ -37,7 +37,7 @@ NO_PORTAUDIO_REASON = (
     "(Debian/Ubuntu: apt-get install libportaudio2)"
 )
 NO_PORTAUDIO_MESSAGE = f"{NO_PORTAUDIO_REASON}; {SAVE_HINT}"
-NO_SOUNDDEVICE_REASON = "audio playback needs the 'sounddevice' package (pip install 'streamtts[audio]')"
+NO_SOUNDDEVICE_REASON = "audio playback needs the 'sounddevice' package (a streamtts dependency: pip install sounddevice)"
 NO_SOUNDDEVICE_MESSAGE = f"{NO_SOUNDDEVICE_REASON}; {SAVE_HINT}"
 
 Float32Array = npt.NDArray[np.float32]

@@ -138,6 +138,34 @@ def check_output_device(device: str | None, save: str | None) -> None:
     resolve_output_device(device)
 
 
+SPEAK_FALLBACK = "speak.wav"  # where `speak` writes its audio when there is nothing to play on
+
+
+def no_device_fallback(quiet: bool) -> tuple[str, PlaybackError] | None:
+    """``speak`` with the system's default device and no ``--save``: when nothing can play
+    (no device, no PortAudio), say so now, before the model loads, and name the file the
+    audio goes to instead (``speak.wav``, else ``speak-2.wav``, ...: never one that exists).
+    None when there is a device."""
+    from ..audio.devices import resolve_output_device
+
+    try:
+        resolve_output_device(None)
+        return None
+    except PlaybackError as exc:
+        stem, suffix = os.path.splitext(SPEAK_FALLBACK)
+        path, n = SPEAK_FALLBACK, 1
+        while os.path.lexists(path):
+            n += 1
+            path = f"{stem}-{n}{suffix}"
+        if not quiet:
+            print(
+                f"streamtts: {exc.reason}: writing the audio to {path} instead "
+                "(--save FILE to choose the file, --output-device to choose a device)",
+                file=sys.stderr,
+            )
+        return path, exc
+
+
 def demo_notice(args: argparse.Namespace) -> None:
     if not getattr(args, "config", None) and not getattr(args, "quiet", False):
         print(DEMO_NOTICE, file=sys.stderr)

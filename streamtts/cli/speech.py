@@ -25,6 +25,7 @@ from .common import (
     check_text_length,
     demo_notice,
     env_device,
+    no_device_fallback,
     positive_int,
     save_instead,
 )
@@ -206,6 +207,11 @@ def _check_speak(args: argparse.Namespace) -> None:
         check_text_length(args.text, "TEXT")
     check_output_file(args.save, "--save")
     _check_request(args)
+    args.no_device = None
+    if args.save is None and args.output_device is None:
+        fallback = no_device_fallback(args.quiet)
+        if fallback is not None:
+            args.save, args.no_device = fallback
     check_output_device(args.output_device, args.save)
 
 
@@ -231,6 +237,11 @@ async def _speak(args: argparse.Namespace) -> int:
                 async for chunk in s:
                     yield chunk.pcm
 
+        if args.no_device is not None:  # said up front (_check_speak)
+            await save_instead(pcm_chunks(), args.save, args.no_device, quiet=True)
+            if not args.quiet:
+                print(f"wrote {args.save}")
+            return 0
         try:
             report = await player.play(pcm_chunks(), device=args.output_device, save=args.save)
         except PlaybackError as exc:

@@ -184,6 +184,7 @@ def convert(
     text_source: TextSource = "gguf",
     ids: TokenIds | None = None,
     progress: Progress | None = None,
+    reader: Any = None,
 ) -> FusedInfo:
     """Write a fused-heads GGUF from ``src_gguf`` and the heads in ``heads``.
 
@@ -194,7 +195,8 @@ def convert(
     the published npy heads; f32 keeps llama.cpp's CPU matmul from rounding the
     hidden state to f16, see docs). Tensors are streamed: memory stays bounded
     whatever the source's size. The file is written next to ``dst`` and renamed
-    into place.
+    into place. reader: ``src_gguf`` already parsed (a ``gguf.GGUFReader``): parsing a
+    GGUF with a real vocabulary takes gguf-py ~13 s, ensure_fused reads it once.
     """
     import gguf
 
@@ -215,7 +217,7 @@ def convert(
         raise ConfigError(f"the fused GGUF must not overwrite its source {src}")
 
     try:
-        r = gguf.GGUFReader(str(src))
+        r = reader if reader is not None else gguf.GGUFReader(str(src))
     except Exception as exc:
         raise ModelFileError(
             src, "a qwen3 GGUF backbone", f"not a readable GGUF file: {exc}"
@@ -428,8 +430,14 @@ def ensure_fused(
     src = Path(cfg.backbone_gguf)
     if not src.is_file() or not Path(cfg.lm_head_dir).is_dir():
         return ""  # build_runtime names the missing file
+    with src.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            return ""  # not a GGUF: loading the backbone names the problem
+    if progress is not None:  # a phase without a size: parsing a real vocabulary takes seconds
+        progress(f"reading {src.name}", 0, 0)
     try:
-        n_embd = _n_embd(src)
+        reader = _reader(src)
+        n_embd = _n_embd(reader)
     except (ValueError, KeyError, IndexError, OSError):
         return ""  # not a readable GGUF: loading the backbone names the problem
     audio_bytes = {"f32": 4, "f16": 2, "text": 0}[dtype] * ids.n_vq * ids.audio_rows * n_embd
@@ -442,7 +450,7 @@ def ensure_fused(
             continue
         log.info("writing fused heads %s (%s audio rows; once, on first load)", dst, dtype)
         try:
-            convert(src, cfg, dst, audio_dtype=dtype, ids=ids, progress=progress)
+            convert(src, cfg, dst, audio_dtype=dtype, ids=ids, progress=progress, reader=reader)
         except OSError as exc:
             why.append(f"{dst}: {exc}")
             continue
@@ -454,10 +462,13 @@ def ensure_fused(
     return ""
 
 
-def _n_embd(src: Path) -> int:
+def _reader(src: Path) -> Any:
     import gguf
 
-    r = gguf.GGUFReader(str(src))
+    return gguf.GGUFReader(str(src))
+
+
+def _n_embd(r: Any) -> int:
     arch = str(_field(r, "general.architecture"))
     return int(_field(r, f"{arch}.embedding_length") or 0)
 

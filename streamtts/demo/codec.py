@@ -74,7 +74,7 @@ def _onnx() -> Any:
         import onnx
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise RuntimeError(
-            "writing the demo codec needs the onnx package: pip install 'streamtts[model]'"
+            "writing the demo codec needs the onnx package (a streamtts dependency): pip install onnx"
         ) from exc
     return onnx
 

@@ -14,6 +14,7 @@ from ..config import EngineConfig, find_model_config
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, ModelFileError
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
+from .fuse_progress import FuseProgress
 from .loop import EngineCore
 from .prepare import Preparer
 from .priority import thread_ids
@@ -132,7 +133,7 @@ def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
         return find_fused_gguf(cfg, ids)
     if cfg.fused_gguf:
         return find_fused_gguf(cfg, ids, auto_dtype=dtype)
-    with _FuseProgress() as progress:
+    with FuseProgress() as progress:
         return ensure_fused(cfg, ids, dtype, progress)
 
 
@@ -157,45 +158,6 @@ def _layers_on_gpu(cfg: EngineConfig) -> bool:
         return "cuda build" in _llama.bridge_version()
     except NativeLibraryError:
         return False  # the backbone reports the missing library when it loads
-
-
-class _FuseProgress:
-    """A progress bar on a terminal (stderr) while the fused GGUF is written; nothing
-    otherwise (the log says when it starts)."""
-
-    def __init__(self) -> None:
-        self._bar: Any = None
-        self._task: Any = None
-
-    def __enter__(self) -> _FuseProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def __call__(self, what: str, done: int, total: int) -> None:
-        if self._bar is None:
-            import sys
-
-            if not sys.stderr.isatty():
-                return
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-
-            self._bar = Progress(
-                TextColumn("writing fused heads GGUF (first load, once)"), BarColumn(),
-                DownloadColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True,
-            )  # fmt: skip
-            self._bar.start()
-            self._task = self._bar.add_task("fuse", total=total)
-        self._bar.update(self._task, completed=done)
 
 
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:

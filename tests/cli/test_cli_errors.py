@@ -162,10 +162,23 @@ def test_serve_on_a_port_in_use() -> None:
     one_line_error(r, f"port {port} on 127.0.0.1 is in use", "--port 0")
 
 
-def test_speak_without_a_sound_card_or_save() -> None:
+def test_speak_without_a_sound_card_or_save_writes_a_named_file(demo_cache: Path, tmp_path: Path) -> None:
+    """The README's first command on a machine without a sound card: it says so before the
+    model loads, names the file, writes it, and never overwrites one."""
     if _has_output_device():
         pytest.skip("this machine has an audio output device")
-    r = run("speak", "Hello there.", env=NO_ENGINE)
+    env = {"STREAMTTS_CACHE": str(demo_cache)}
+    (tmp_path / "speak.wav").write_bytes(b"the user's file")
+    r = run("speak", "Hello there.", "--n-threads", "1", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    said = "streamtts: no audio output device found (PortAudio reports none): writing the audio to speak-2.wav instead"
+    assert lines[0].startswith(said) and "--save FILE" in lines[0], r.stderr
+    assert r.stdout.strip() == "wrote speak-2.wav"
+    assert (tmp_path / "speak.wav").read_bytes() == b"the user's file"
+    assert (tmp_path / "speak-2.wav").stat().st_size > 1000
+    # a device asked for by name is not silently replaced by a file
+    r = run("speak", "Hello there.", "--output-device", "nope", env=NO_ENGINE, cwd=tmp_path)
     one_line_error(r, "no audio output device", "--save FILE", "--output-device null")
 
 
@@ -306,3 +319,17 @@ def _has_output_device() -> bool:
     except Exception:
         return False
     return True
+
+
+def test_pipecat_example_without_pipecat_names_the_extra(tmp_path: Path) -> None:
+    """Pipecat not installed (hidden here by a module that fails to import, as a missing one
+    does): one line naming the extra, not loguru's traceback."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    for name in ("loguru", "pipecat"):
+        (hide / f"{name}.py").write_text(f'raise ModuleNotFoundError("No module named {name}", name="{name}")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(EXAMPLES / "pipecat_agent.py"), "--server", NO_SERVER],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "pipecat_agent.py: error: loguru is missing: pip install 'streamtts[pipecat]'"

@@ -34,6 +34,7 @@ async def codes_of(e: Engine, text: str, opts: StreamOptions, delay: float = 0.0
     return (await e.generate(text, reference=ref, options=opts)).codes
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("greedy", [True, False])
 def test_batched_equals_alone_with_random_joins(demo_model_dir: Path, greedy: bool) -> None:
     """A stream's codes don't depend on what runs beside it.
@@ -99,6 +100,7 @@ class RecordingBackbone:
         return r
 
 
+@pytest.mark.determinism
 def test_every_output_row_is_bit_identical_alone_or_joined(demo_model_dir: Path, voice_wav: Path) -> None:
     """What llama.cpp computes for a stream (prompt's last row, then every step) is the
     same bits whether it runs alone or with others joining at random moments.
@@ -159,6 +161,7 @@ def test_every_output_row_is_bit_identical_alone_or_joined(demo_model_dir: Path,
         np.testing.assert_array_equal(a, j)
 
 
+@pytest.mark.determinism
 def test_32_streams_complete(demo_model_dir: Path) -> None:
     async def main() -> list[Any]:
         async with engine(demo_model_dir, max_streams=32, n_threads=2) as e:
@@ -309,6 +312,7 @@ def test_max_batch_rows_prefers_streams_closest_to_running_dry(demo_model_dir: P
     assert ticks[-1] - ticks[0] == 2  # frames 0, 1, 2 on consecutive ticks
 
 
+@pytest.mark.determinism
 def test_slots_between_stepped_streams_get_stand_in_rows(demo_model_dir: Path) -> None:
     """Streams in slots 0 and 2 step in one call over sequences 0, 1, 2 (llama.cpp would run
     0 and 2 as two graphs, each reading all the weights): slot 1, free or holding a prompt
@@ -371,5 +375,22 @@ def test_slots_between_stepped_streams_get_stand_in_rows(demo_model_dir: Path) -
     assert len(stand_in_free) >= 5 and len(stand_in_prompt) >= 3, joined.removed  # type: ignore[attr-defined]
     for i in (1, 3):  # the streams in slot 1: a leftover stand-in cell would change them
         np.testing.assert_array_equal(alone[i], together[i])
-    for a, j in zip(alone, together, strict=True):
-        np.testing.assert_array_equal(a, j)
+    # Streams 0 and 2 step in 1-row calls alone and 2-3-row calls joined: llama.cpp's f16
+    # matmuls round a row differently for different batch sizes (last bits; the AVX2 and
+    # AVX-512 kernels differ in where), so 1200 greedy frames may meet a near tie that flips
+    # (the AVX2 build did at step 572 of stream 0; 53 % of its codes then differ). What a
+    # stand-in promises is that it leaves no trace: a leftover KV cell would change every
+    # later row by far more than that residual. So: the codes agree up to a flip, and every
+    # row computed from the same codes agrees within the residual.
+    prompts = list(dict.fromkeys(p for p, _ in solo.rows))  # alone: the streams in turn
+    assert len(prompts) == len(texts)
+    for prompt, a, j in zip(prompts, alone, together, strict=True):
+        assert a.shape == j.shape
+        t, k = np.nonzero(a != j)
+        first = int((t + k).min()) if t.size else a.shape[0] + a.shape[1] - 1  # delayed step
+        p0 = min(pos for p, pos in solo.rows if p == prompt)
+        keys = [(p, pos) for p, pos in solo.rows if p == prompt and pos - p0 < first and (p, pos) in joined.rows]
+        assert len(keys) >= min(first, 100), (len(keys), first)
+        for key in keys:
+            r, q = solo.rows[key], joined.rows[key]
+            np.testing.assert_allclose(q, r, rtol=0, atol=1e-6 * max(1.0, float(np.abs(r).max())), err_msg=str(key[1] - p0))

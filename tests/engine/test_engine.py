@@ -49,6 +49,7 @@ def official_greedy_frames(demo_model_dir: Path, text: str, max_new: int) -> np.
     return official.official_greedy_frames(load_config(demo_model_dir / "config.yaml"), text, max_new)
 
 
+@pytest.mark.determinism
 def test_greedy_codes_match_official_algorithm(demo_model_dir: Path) -> None:
     # without the prefix cache the prompt is fed in one call, exactly as the official pipeline
     async def main() -> tuple[np.ndarray, Any]:
@@ -100,6 +101,7 @@ def test_first_chunk_right_after_step_31(demo_model_dir: Path) -> None:
         assert c.step == c.frames.stop - 1 + 31
 
 
+@pytest.mark.determinism
 def test_seeded_sampling_is_reproducible(demo_model_dir: Path) -> None:
     async def main() -> list[np.ndarray]:
         async with make_engine(demo_model_dir) as engine:
@@ -113,6 +115,7 @@ def test_seeded_sampling_is_reproducible(demo_model_dir: Path) -> None:
     assert not np.array_equal(a, c)
 
 
+@pytest.mark.determinism
 def test_two_concurrent_streams_match_alone(demo_model_dir: Path) -> None:
     async def main() -> tuple[list[np.ndarray], list[np.ndarray]]:
         async with make_engine(demo_model_dir, max_streams=2) as engine:
@@ -345,6 +348,7 @@ def test_long_text_is_spoken_in_segments_in_one_voice(demo_model_dir: Path) -> N
     assert active == 0
 
 
+@pytest.mark.determinism
 def test_audio_heads_split_across_threads_give_the_same_bits(demo_model_dir: Path) -> None:
     from threadpoolctl import threadpool_limits
 
@@ -352,14 +356,16 @@ def test_audio_heads_split_across_threads_give_the_same_bits(demo_model_dir: Pat
     ids = load_token_ids(find_model_config(cfg))
     one = AudioHeads(cfg.lm_head_dir, ids, 64)
     three = AudioHeads(cfg.lm_head_dir, ids, 64, threads=3)
+    assert len(three._cuts) == 4 and ids.n_vq * ids.audio_rows > 3 * 2048  # really split
     rng = np.random.default_rng(0)
-    for blas in (1, 2):
-        for b in (1, 3, 5, 8):
+    # by construction on every BLAS kernel set (chunked calls; OpenBLAS's Haswell kernels
+    # changed 0.4-0.8 % of the logits of calls cut at 64-aligned columns): the engine runs
+    # BLAS single-threaded, as here (more BLAS threads split each call OpenBLAS's own way)
+    with threadpool_limits(1, user_api="blas"):
+        for b in (1, 3, 5, 8, 16):
             h = rng.standard_normal((b, 64), dtype=np.float32)
-            with threadpool_limits(1, user_api="blas"):  # the engine's BLAS setting
-                a = one(h, np.zeros((b, ids.n_vq * ids.audio_rows), np.float32)).copy()
-            with threadpool_limits(blas, user_api="blas"):
-                c = three(h, np.zeros((b + 2, ids.n_vq * ids.audio_rows), np.float32))
+            a = one(h, np.zeros((b, ids.n_vq * ids.audio_rows), np.float32)).copy()
+            c = three(h, np.zeros((b + 2, ids.n_vq * ids.audio_rows), np.float32))
             assert c.shape == (b, ids.n_vq, ids.audio_rows)
             np.testing.assert_array_equal(a, c)
     threads = list(three._helpers)

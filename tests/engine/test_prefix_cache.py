@@ -86,6 +86,7 @@ async def gen(e: Engine, text: str, seed: int, ref: Any = None, greedy: bool = T
     return await e.generate(text, reference=ref, options=opts)
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("greedy", [True, False])
 def test_hit_equals_miss(demo_model_dir: Path, voice_wav: Path, greedy: bool) -> None:
     async def run(mib: int) -> list[Any]:

@@ -63,7 +63,7 @@ def import_onnx() -> Any:
         from ...errors import ConfigError
 
         raise ConfigError(
-            "building the codec decoder needs the onnx package: pip install 'streamtts[model]'"
+            "building the codec decoder needs the onnx package (a streamtts dependency): pip install onnx"
         ) from exc
     return onnx
 

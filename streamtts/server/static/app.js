@@ -29,7 +29,7 @@ function freshStats() {
   return {
     state: "idle", run: 0, chunks: 0, samples: 0, underruns: 0, gapSeconds: 0,
     schedule: [], segments: [], errors: [], ttfaMs: null, done: null, ready: null, closeCode: null,
-    refused: null, stoppedAt: null, playbackEnd: null,
+    refused: null, stoppedAt: null, replacedAt: null, playbackEnd: null,
   };
 }
 
@@ -238,11 +238,13 @@ function startMessage() {
 }
 
 async function speak() {
-  if (run && !run.over) { silence(run); endRun(run, "stopped"); }  // never two runs at once
+  let replacedAt = null; // when a run still playing was silenced for this one (its audio clock)
+  if (run && !run.over) { replacedAt = ctx.currentTime; silence(run); endRun(run, "stopped"); }  // never two runs at once
   else if (run) silence(run);
   await audio();
   const r = (run = newRun());
   resetStats(r.id);
+  stats.replacedAt = replacedAt;
   setState("connecting");
   const token = $("token").value.trim();
   const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/stream` +
