@@ -3,7 +3,7 @@
 # ggml kernels could break) against AVX2-only kernels, whatever this CPU has: llama.cpp built
 # with STREAMTTS_CPU_ISA=avx2 (GGML_NATIVE=OFF, AVX2/FMA/F16C on, AVX-512 off; its own cache
 # folder and pointer, current-cpu-avx2) and NumPy's OpenBLAS on its Haswell kernels. What an
-# AMD EPYC Zen 2/3 or an older Intel runs. scripts/test.sh runs it after the suite.
+# AMD EPYC Zen 2/3 or an older Intel runs. scripts/test.sh runs it before the whole suite.
 #
 #   bash scripts/test_avx2.sh            # build (cached after the first time), then the tests
 #   bash scripts/test_avx2.sh -k heads   # extra pytest arguments
