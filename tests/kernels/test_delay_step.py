@@ -91,7 +91,7 @@ def _run(
 ) -> Counting:
     rng = np.random.default_rng(seed)
     k_n, a_n = ids.n_vq, ids.audio_rows
-    v = max(getattr(ids, f) for f in ids.__struct_fields__ if f.endswith("_token_id")) + 3  # text vocabulary
+    v = max(ids.pad, ids.im_start, ids.im_end, ids.audio_start, ids.audio_end, ids.user_slot, ids.gen_slot, ids.delay_slot) + 3  # text vocabulary
     py = DelayStates(capacity, ids, PythonStep(native))
     cc = DelayStates(capacity, ids, native)
     assert py._compiled is None
