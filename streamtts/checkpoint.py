@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .closing import Closing
 from .errors import ModelFileError
 
 __all__ = ["Checkpoint", "SINGLE_FILE", "INDEX_FILE"]
@@ -92,7 +93,7 @@ def _check_file(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
-class Checkpoint:
+class Checkpoint(Closing):
     """The tensors of one checkpoint folder, by name, read one at a time.
 
     ``with Checkpoint(folder) as ck: ck.get("decoder.0.input_proj.weight")``.
@@ -133,12 +134,6 @@ class Checkpoint:
                 self._meta[name] = (str(info.get("dtype")), tuple(int(d) for d in info["shape"]))
                 begin, end = (int(x) for x in info["data_offsets"])
                 self._span[name] = (data_start + begin, end - begin)
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         self._handles.clear()

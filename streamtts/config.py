@@ -83,6 +83,24 @@ PATH_KEYS = (
 )
 
 
+# The numeric keys' ranges: key, lowest, highest (None = no upper bound), what a value means.
+_BOUNDS: tuple[tuple[str, float, float | None, str], ...] = (
+    ("n_ctx", 64, None, ""),
+    ("n_batch", 1, None, ""),
+    ("max_new_tokens", 1, None, ""),
+    ("max_streams", 1, None, ""),
+    ("codec_nice", 0, 19, ""),
+    ("heads_threads", 0, None, "0 = llama.cpp's thread count"),
+    ("n_threads", 0, None, "0 = automatic"),
+    ("thread_poll", -1, 100, "-1 = llama.cpp's pool"),
+    ("step_slack_s", 0, None, ""),
+    ("prefix_cache_mib", 0, None, ""),
+    ("prefill_chunk", 1, None, ""),
+    ("decode_context_frames", 0, None, ""),
+    ("tick_threads", 0, None, "0 = automatic"),
+)
+
+
 class EngineConfig(_SamplingKeys, kw_only=True):
     # ---- official keys (MOSS-TTS llama.cpp configs) ----
     backbone_gguf: str = ""
@@ -176,16 +194,13 @@ class EngineConfig(_SamplingKeys, kw_only=True):
 
     def validate(self) -> EngineConfig:
         self.sampling  # noqa: B018 - validates the sampling keys
-        if self.n_ctx < 64:
-            raise ConfigError(f"n_ctx must be >= 64, got {self.n_ctx}")
-        if self.n_batch < 1:
-            raise ConfigError(f"n_batch must be >= 1, got {self.n_batch}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.max_streams < 1:
-            raise ConfigError(f"max_streams must be >= 1, got {self.max_streams}")
-        if not 0 <= self.codec_nice <= 19:
-            raise ConfigError(f"codec_nice must be 0..19, got {self.codec_nice}")
+        for key, lo, hi, note in _BOUNDS:
+            value = getattr(self, key)
+            if value < lo or (hi is not None and value > hi):
+                words = f">= {lo}" if hi is None else f"{lo}..{hi}"
+                if note:
+                    words += f" ({note})"
+                raise ConfigError(f"{key} must be {words}, got {value}")
         if self.codec_turns not in ("auto", "always", "never"):
             raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
         if self.sampler not in ("native", "numpy"):
@@ -195,20 +210,6 @@ class EngineConfig(_SamplingKeys, kw_only=True):
                 raise ConfigError(
                     f"kernels: {item!r} is not '+name' or '-name' with a name from {', '.join(KERNEL_NAMES)}"
                 )
-        if self.heads_threads < 0:
-            raise ConfigError(f"heads_threads must be >= 0 (0 = llama.cpp's thread count), got {self.heads_threads}")
-        if self.n_threads < 0:
-            raise ConfigError(f"n_threads must be >= 0 (0 = automatic), got {self.n_threads}")
-        if not -1 <= self.thread_poll <= 100:
-            raise ConfigError(f"thread_poll must be -1 (llama.cpp's pool) or 0..100, got {self.thread_poll}")
-        if self.step_slack_s < 0:
-            raise ConfigError(f"step_slack_s must be >= 0, got {self.step_slack_s}")
-        if self.prefix_cache_mib < 0:
-            raise ConfigError(f"prefix_cache_mib must be >= 0, got {self.prefix_cache_mib}")
-        if self.prefill_chunk < 1:
-            raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        if self.decode_context_frames < 0:
-            raise ConfigError("decode_context_frames must be >= 0")
         if not self.chunk_frames or any(c < 1 for c in self.chunk_frames):
             raise ConfigError(f"chunk_frames must be a non-empty list of ints >= 1, got {self.chunk_frames}")
         if self.resume_buffered_s > self.max_buffered_s or self.max_buffered_s <= 0:

@@ -31,6 +31,11 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def _message(head: str, detail: str, form: str) -> str:
+    """An error's message: ``head``, then ``detail`` set in ``form`` when there is one."""
+    return head + form.format(detail) if detail else head
+
+
 class StreamTTSError(Exception):
     """Base class of every error streamtts raises on purpose."""
 
@@ -61,10 +66,7 @@ class ModelFileError(ConfigError):
         self.path = str(path)
         self.expected = expected
         self.problem = problem
-        msg = f"{self.path}: expected {expected}"
-        if problem:
-            msg += f" ({problem})"
-        super().__init__(msg)
+        super().__init__(_message(f"{self.path}: expected {expected}", problem, " ({})"))
 
 
 class DownloadError(StreamTTSError):
@@ -85,10 +87,7 @@ class BackboneError(StreamTTSError):
         self.op = op
         self.code = code
         self.detail = message
-        text = f"{op} failed with code {code}"
-        if message:
-            text += f": {message}"
-        super().__init__(text)
+        super().__init__(_message(f"{op} failed with code {code}", message, ": {}"))
 
 
 class CodecError(StreamTTSError):
@@ -158,7 +157,7 @@ class PlaybackError(StreamTTSError):
     def __init__(self, reason: str, hint: str = "") -> None:
         self.reason = reason
         self.hint = hint
-        super().__init__(f"{reason}; {hint}" if hint else reason)
+        super().__init__(_message(reason, hint, "; {}"))
 
 
 class ServerError(StreamTTSError):

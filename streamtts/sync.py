@@ -13,17 +13,17 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from .closing import Closing
 from .config import EngineConfig
 from .engine.frontend import Engine, Synthesis
 from .request import AudioChunk
 
 
-class SyncEngine:
+class SyncEngine(Closing):
     def __init__(self, config: str | Path | EngineConfig | None = None, **overrides: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="streamtts-sync", daemon=True)
@@ -59,9 +59,3 @@ class SyncEngine:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
-
-    def __enter__(self) -> SyncEngine:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -41,19 +42,19 @@ class TinyModel:
 # Small model token ids: 4 codebooks of 16 codes, a 12-token text vocabulary (state-machine tests).
 SMALL_IDS = TokenIds(
     n_vq=4,
-    pad_token_id=0,
-    im_start_token_id=1,
-    im_end_token_id=2,
-    audio_start_token_id=3,
-    audio_end_token_id=4,
-    audio_user_slot_token_id=5,
-    audio_assistant_gen_slot_token_id=6,
-    audio_assistant_delay_slot_token_id=7,
+    pad=0,
+    im_start=1,
+    im_end=2,
+    audio_start=3,
+    audio_end=4,
+    user_slot=5,
+    gen_slot=6,
+    delay_slot=7,
     audio_pad_code=16,
     audio_vocab_size=16,
 )
 # Same, with the gen slot's id above the delay slot's (pair columns swap).
-SWAPPED_IDS = TokenIds(**{**{f: getattr(SMALL_IDS, f) for f in SMALL_IDS.__struct_fields__}, "audio_assistant_gen_slot_token_id": 9})
+SWAPPED_IDS = msgspec.structs.replace(SMALL_IDS, gen_slot=9)
 
 
 @pytest.fixture(scope="session")

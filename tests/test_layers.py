@@ -17,6 +17,7 @@ PKG = Path(__file__).resolve().parents[1] / "streamtts"
 # Lower rank = lower layer. A module may import its own package and anything of lower rank.
 LAYERS: dict[str, int] = {
     "streamtts.errors": 0,
+    "streamtts.closing": 0,
     "streamtts.paths": 0,
     "streamtts.constants": 0,
     "streamtts.config": 1,

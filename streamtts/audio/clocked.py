@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from types import TracebackType
 
 import numpy as np
 
+from ..closing import Closing
 from .devices import AudioCallback, Float32Array
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class _Status:
         return self.output_underflow
 
 
-class ClockedOutputStream:
+class ClockedOutputStream(Closing):
     """A sound card stand-in for headless tests: only the device is fake.
 
     Mimics ``sounddevice.OutputStream``: ``callback(outdata, frames, time, status)`` is called from
@@ -126,17 +126,8 @@ class ClockedOutputStream:
         self.closed = True
 
     def __enter__(self) -> ClockedOutputStream:
-        self.start()
+        self.start()  # as sounddevice's streams; the exit is Closing's (close stops first)
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-        self.close()
 
     def recording(self) -> Float32Array:
         """Everything the callback produced, in order (1-D)."""

@@ -8,14 +8,56 @@ import os
 import socket
 from typing import Any
 
-from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES
 from ..errors import UsageError
-from ..text.segmenter import DEFAULT_CLAUSE_MIN_CHARS, DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
+from ..server.app_state import ServerSettings
+from ..server.session import SessionSettings
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STREAMTTS_TOKEN"
 VOICE_STORE_ENV = "STREAMTTS_VOICE_STORE"
+
+# Flags that set one settings field each: flag, the field, type, help; the default is the
+# field's own. One table for the parser and for settings_from_args (argparse's dest = the field).
+Flags = tuple[tuple[str, str, type[Any], str], ...]
+SESSION_FLAGS: Flags = (  # SessionSettings: one WebSocket session's limits and segmenter
+    ("--first-message-timeout", "first_message_timeout_s", float,
+     "close a WebSocket that sends nothing this long after connecting (s)"),
+    ("--idle-timeout", "idle_timeout_s", float, "close a session quiet this long (s)"),
+    ("--max-message-bytes", "max_message_bytes", int, "largest client message"),
+    ("--max-text-chars", "max_text_chars", int, "largest text per message"),
+    ("--max-contexts", "max_contexts", int,
+     "named contexts (independent streams) open at once on one WebSocket session"),
+    ("--max-session-chars", "max_session_chars", int, "most text per session"),
+    ("--min-chars", "min_chars", int, "segmenter: shortest sentence segment"),
+    ("--clause-min-chars", "clause_min_chars", int, "segmenter: shortest clause segment"),
+    ("--max-chars", "max_chars", int, "segmenter: longest segment"),
+    ("--segment-max-new-tokens", "max_new_tokens", int, "cap on generation steps per segment"),
+)  # fmt: skip
+SERVER_FLAGS: Flags = (  # ServerSettings
+    ("--ping-interval", "ping_interval_s", float, "WebSocket ping interval (s)"),
+    ("--ping-timeout", "ping_timeout_s", float, "close when a ping is unanswered this long (s)"),
+    ("--send-buffer", "send_buffer_s", float, "audio seconds queued per client"),
+    ("--send-stall", "send_stall_s", float,
+     "window (s) in which a client with a full buffer must keep reading"),
+    ("--min-read-rate", "min_read_rate", float,
+     "audio seconds per second such a client must take, or it is dropped"),
+    ("--lookahead", "lookahead", int, "segments generated ahead of the one playing"),
+    ("--continuity-frames", "continuity_frames", int,
+     "without a reference: frames of the first segment that become the session's voice"),
+    ("--voice-cache", "voice_cache_size", int, "encoded voices kept (LRU)"),
+    ("--drain-timeout", "drain_timeout_s", float,
+     "on SIGTERM or POST /admin/drain: seconds running streams get to finish before the rest "
+     "are cut; then the server exits 0"),
+)  # fmt: skip
+
+
+def _add_flags(p: argparse.ArgumentParser, flags: Flags, defaults: object) -> None:
+    for flag, name, typ, text in flags:
+        metavar = flag[2:].replace("-", "_").upper()  # as argparse names it, not by the field
+        p.add_argument(
+            flag, dest=name, metavar=metavar, type=typ, default=getattr(defaults, name), help=text
+        )
 
 
 def add_parser(sub: Any) -> None:
@@ -58,80 +100,14 @@ def add_parser(sub: Any) -> None:
         default=0,
         help="sessions at once from one client address (default 0 = no cap but --max-sessions)",
     )
-    p.add_argument(
-        "--first-message-timeout",
-        type=float,
-        default=5.0,
-        help="close a WebSocket that sends nothing this long after connecting (s)",
-    )
-    p.add_argument(
-        "--idle-timeout", type=float, default=60.0, help="close a session quiet this long (s)"
-    )
-    p.add_argument("--ping-interval", type=float, default=20.0, help="WebSocket ping interval (s)")
-    p.add_argument(
-        "--ping-timeout",
-        type=float,
-        default=20.0,
-        help="close when a ping is unanswered this long (s)",
-    )
-    p.add_argument(
-        "--max-message-bytes", type=int, default=64 * 1024, help="largest client message"
-    )
-    p.add_argument("--max-text-chars", type=int, default=10_000, help="largest text per message")
-    p.add_argument(
-        "--max-contexts",
-        type=int,
-        default=4,
-        help="named contexts (independent streams) open at once on one WebSocket session",
-    )
-    p.add_argument("--max-session-chars", type=int, default=200_000, help="most text per session")
-    p.add_argument(
-        "--send-buffer", type=float, default=30.0, help="audio seconds queued per client"
-    )
-    p.add_argument(
-        "--send-stall",
-        type=float,
-        default=10.0,
-        help="window (s) in which a client with a full buffer must keep reading",
-    )
-    p.add_argument(
-        "--min-read-rate",
-        type=float,
-        default=0.5,
-        help="audio seconds per second such a client must take, or it is dropped",
-    )
-    p.add_argument(
-        "--min-chars",
-        type=int,
-        default=DEFAULT_MIN_CHARS,
-        help="segmenter: shortest sentence segment",
-    )
-    p.add_argument(
-        "--clause-min-chars",
-        type=int,
-        default=DEFAULT_CLAUSE_MIN_CHARS,
-        help="segmenter: shortest clause segment",
-    )
-    p.add_argument(
-        "--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="segmenter: longest segment"
-    )
-    p.add_argument("--segment-max-new-tokens", type=int, help="cap on generation steps per segment")
-    p.add_argument(
-        "--lookahead", type=int, default=1, help="segments generated ahead of the one playing"
-    )
+    _add_flags(p, SESSION_FLAGS, SessionSettings())
+    _add_flags(p, SERVER_FLAGS, ServerSettings())
     p.add_argument(
         "--socket-send-buffer",
         type=int,
         help="SO_SNDBUF per connection in bytes (default: the kernel's, which may grow to MBs): "
         "bounds audio buffered in the kernel, so a client that stops reading is noticed sooner",
     )
-    p.add_argument(
-        "--continuity-frames",
-        type=int,
-        default=DEFAULT_CONTINUITY_FRAMES,
-        help="without a reference: frames of the first segment that become the session's voice",
-    )
-    p.add_argument("--voice-cache", type=int, default=256, help="encoded voices kept (LRU)")
     p.add_argument(
         "--voice-store",
         default=os.environ.get(VOICE_STORE_ENV, "memory"),
@@ -143,13 +119,6 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=7 * 24 * 3600.0,
         help="seconds a stored voice is kept after its last use (redis)",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="on SIGTERM or POST /admin/drain: seconds running streams get to finish before "
-        "the rest are cut; then the server exits 0",
     )
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-ups at start (the engine's and the server's generation)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
@@ -181,42 +150,21 @@ def listen(host: str, port: int) -> socket.socket:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (check --host)") from exc
 
 
-def settings_from_args(args: argparse.Namespace, max_streams: int) -> Any:
-    from ..server.app_state import ServerSettings
-    from ..server.session import SessionSettings
+def settings_from_args(args: argparse.Namespace, max_streams: int) -> ServerSettings:
     from ..server.voice_store import VoiceStoreSettings
 
-    session = SessionSettings(
-        max_message_bytes=args.max_message_bytes,
-        max_text_chars=args.max_text_chars,
-        max_session_chars=args.max_session_chars,
-        idle_timeout_s=args.idle_timeout,
-        first_message_timeout_s=args.first_message_timeout,
-        min_chars=args.min_chars,
-        clause_min_chars=args.clause_min_chars,
-        max_chars=args.max_chars,
-        max_new_tokens=args.segment_max_new_tokens,
-        max_contexts=args.max_contexts,
-    )
+    session = SessionSettings(**{name: getattr(args, name) for _, name, _, _ in SESSION_FLAGS})
     return ServerSettings(
         session=session,
+        **{name: getattr(args, name) for _, name, _, _ in SERVER_FLAGS},
         max_sessions=args.max_sessions or max_streams,
         token=args.token or None,
         max_sessions_per_client=args.max_sessions_per_client or None,
         allowed_origins=tuple(args.allowed_origin),
         allowed_hosts=tuple(args.allowed_host),
         bind_host=args.host,
-        send_buffer_s=args.send_buffer,
-        send_stall_s=args.send_stall,
-        min_read_rate=args.min_read_rate,
         ws_max_size=max(1 << 20, 4 * args.max_message_bytes),
-        ping_interval_s=args.ping_interval,
-        ping_timeout_s=args.ping_timeout,
-        voice_cache_size=args.voice_cache,
         voice_store=VoiceStoreSettings(url=args.voice_store, ttl_s=args.voice_ttl),
-        drain_timeout_s=args.drain_timeout,
-        lookahead=args.lookahead,
-        continuity_frames=args.continuity_frames,
         warmup=not args.no_warmup,
     ).validate()
 

@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..core.tokens import TokenIds
+from ..config import EngineConfig, find_model_config
+from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, ModelFileError
 from ..model import fused
 from ..model.fused import (
@@ -31,9 +32,6 @@ from ..model.fused import (
     read_fused_info,
 )
 from ..paths import gguf_writer_at
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +158,7 @@ def _check_head(path: Path, arr: np.ndarray, rows: int, n_embd: int) -> None:
 
 
 def _resolve_heads(heads: str | os.PathLike[str] | EngineConfig) -> tuple[Path, TokenIds]:
-    from ..config import EngineConfig
-    from ..core.tokens import load_token_ids
-
     if isinstance(heads, EngineConfig):
-        from ..config import find_model_config
-
         if not heads.lm_head_dir:
             raise ConfigError("the config has no lm_head_dir: the fused GGUF needs the audio heads")
         return Path(heads.lm_head_dir), load_token_ids(find_model_config(heads))

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..checkpoint import Checkpoint
@@ -371,8 +372,8 @@ class _Writer:
         if "config.json" in todo:
             data = dict(self.job.cfg.data)
             # every token id the engine reads, explicit (absent keys: the published defaults)
-            for key in self.job.cfg.ids.__struct_fields__:
-                data.setdefault(key, getattr(self.job.cfg.ids, key))
+            for key, value in msgspec.to_builtins(self.job.cfg.ids).items():
+                data.setdefault(key, value)
             with _atomic(self.job.staging / "config.json") as tmp:
                 tmp.write_text(
                     json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
-from ..core.tokens import TokenIds
+from ..core.tokens import KEYS, TokenIds
 from ..errors import ModelFileError
 from .qwen3_gguf import Qwen3Shape
 
@@ -175,7 +175,7 @@ def _positive_float(path: Path, lang: dict[str, Any], key: str) -> float:
 def _token_ids(path: Path, data: dict[str, Any]) -> TokenIds:
     import msgspec
 
-    known = {k: v for k, v in data.items() if k in TokenIds.__struct_fields__}
+    known = {k: v for k, v in data.items() if k in KEYS}
     for key in ("n_vq", "audio_vocab_size"):
         if key in known:
             _int(path, known, key, "")

@@ -16,51 +16,21 @@ from ..errors import ModelFileError
 
 
 class TokenIds(msgspec.Struct, frozen=True, kw_only=True):
+    """The ids under the short names the engine uses; ``name=`` is the ``config.json`` key
+    (what ``msgspec.convert`` reads and ``msgspec.to_builtins`` writes)."""
+
     n_vq: int = 32
-    pad_token_id: int = 151643
-    im_start_token_id: int = 151644
-    im_end_token_id: int = 151645
-    audio_start_token_id: int = 151652
-    audio_end_token_id: int = 151653
-    audio_user_slot_token_id: int = 151654
-    audio_assistant_gen_slot_token_id: int = 151656
-    audio_assistant_delay_slot_token_id: int = 151662
+    pad: int = msgspec.field(default=151643, name="pad_token_id")
+    im_start: int = msgspec.field(default=151644, name="im_start_token_id")
+    im_end: int = msgspec.field(default=151645, name="im_end_token_id")
+    audio_start: int = msgspec.field(default=151652, name="audio_start_token_id")
+    audio_end: int = msgspec.field(default=151653, name="audio_end_token_id")
+    user_slot: int = msgspec.field(default=151654, name="audio_user_slot_token_id")
+    gen_slot: int = msgspec.field(default=151656, name="audio_assistant_gen_slot_token_id")
+    delay_slot: int = msgspec.field(default=151662, name="audio_assistant_delay_slot_token_id")
     audio_pad_code: int = 1024
     audio_vocab_size: int = 1024
     sampling_rate: int = SAMPLE_RATE
-
-    # Short aliases used throughout the engine.
-    @property
-    def pad(self) -> int:
-        return self.pad_token_id
-
-    @property
-    def im_start(self) -> int:
-        return self.im_start_token_id
-
-    @property
-    def im_end(self) -> int:
-        return self.im_end_token_id
-
-    @property
-    def audio_start(self) -> int:
-        return self.audio_start_token_id
-
-    @property
-    def audio_end(self) -> int:
-        return self.audio_end_token_id
-
-    @property
-    def user_slot(self) -> int:
-        return self.audio_user_slot_token_id
-
-    @property
-    def gen_slot(self) -> int:
-        return self.audio_assistant_gen_slot_token_id
-
-    @property
-    def delay_slot(self) -> int:
-        return self.audio_assistant_delay_slot_token_id
 
     @property
     def audio_rows(self) -> int:
@@ -68,7 +38,8 @@ class TokenIds(msgspec.Struct, frozen=True, kw_only=True):
         return self.audio_vocab_size + 1
 
 
-_FIELDS = set(TokenIds.__struct_fields__)
+# the config.json keys
+KEYS = frozenset(TokenIds.__struct_encode_fields__)
 
 
 def load_token_ids(config_json: str | Path | None) -> TokenIds:
@@ -84,7 +55,7 @@ def load_token_ids(config_json: str | Path | None) -> TokenIds:
         raise ModelFileError(path, "a JSON object with token ids", str(exc)) from exc
     if not isinstance(data, dict):
         raise ModelFileError(path, "a JSON object with token ids", f"got {type(data).__name__}")
-    known = {k: v for k, v in data.items() if k in _FIELDS}
+    known = {k: v for k, v in data.items() if k in KEYS}
     try:
         return msgspec.convert(known, TokenIds)
     except msgspec.ValidationError as exc:

@@ -49,7 +49,7 @@ from ..codec.onnx import RECEPTIVE_FRAMES_KEY
 from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ, SAMPLE_RATE
 
 if TYPE_CHECKING:  # pragma: no cover
-    from onnx import GraphProto, ModelProto, NodeProto
+    from onnx import ModelProto, NodeProto
 
 
 #: Frames of codes that the samples of one output frame depend on (t-R+1 .. t).
@@ -95,6 +95,10 @@ def _const(name: str, value: np.ndarray) -> NodeProto:
         "Constant", [], [name], value=onnx.numpy_helper.from_array(value, name=name)
     )
     return node
+
+
+# An input or output of a graph: name, ONNX element type, shape (ints and dimension names).
+_Value = tuple[str, int, list[int | str]]
 
 
 def build_decoder_model() -> ModelProto:
@@ -212,19 +216,9 @@ def build_decoder_model() -> ModelProto:
         h.make_node("Mul", ["n_frames", "frame_samples"], ["n_samples"]),
         h.make_node("Expand", ["n_samples", "batch"], ["audio_lengths"]),
     ]
-    graph = h.make_graph(
-        _toposort(nodes, ("audio_codes", "n_quantizers")),
-        "streamtts_demo_decoder",
-        [
-            h.make_tensor_value_info("audio_codes", tp.INT64, [N_VQ, "batch", "frames"]),
-            h.make_tensor_value_info("n_quantizers", tp.INT64, []),
-        ],
-        [
-            h.make_tensor_value_info("audio", tp.FLOAT, ["batch", 1, "samples"]),
-            h.make_tensor_value_info("audio_lengths", tp.INT64, ["batch"]),
-        ],
-    )
-    return _finish(graph, "streamtts demo decoder: codes -> soft tones")
+    codes: _Value = ("audio_codes", tp.INT64, [N_VQ, "batch", "frames"])
+    outputs: list[_Value] = [("audio", tp.FLOAT, ["batch", 1, "samples"]), ("audio_lengths", tp.INT64, ["batch"])]
+    return _model(nodes, "decoder", codes, outputs, "codes -> soft tones")
 
 
 def build_encoder_model() -> ModelProto:
@@ -308,19 +302,9 @@ def build_encoder_model() -> ModelProto:
         h.make_node("Gather", ["x_shape", "axis1"], ["n_frames"]),
         h.make_node("Expand", ["n_frames", "batch"], ["code_lengths"]),
     ]
-    graph = h.make_graph(
-        _toposort(nodes, ("input_values", "n_quantizers")),
-        "streamtts_demo_encoder",
-        [
-            h.make_tensor_value_info("input_values", tp.FLOAT, ["batch", 1, "samples"]),
-            h.make_tensor_value_info("n_quantizers", tp.INT64, []),
-        ],
-        [
-            h.make_tensor_value_info("audio_codes", tp.INT64, [N_VQ, "batch", "frames"]),
-            h.make_tensor_value_info("code_lengths", tp.INT64, ["batch"]),
-        ],
-    )
-    return _finish(graph, "streamtts demo encoder: waveform statistics -> codes")
+    samples: _Value = ("input_values", tp.FLOAT, ["batch", 1, "samples"])
+    outputs: list[_Value] = [("audio_codes", tp.INT64, [N_VQ, "batch", "frames"]), ("code_lengths", tp.INT64, ["batch"])]
+    return _model(nodes, "encoder", samples, outputs, "waveform statistics -> codes")
 
 
 def _toposort(nodes: list[NodeProto], inputs: tuple[str, ...]) -> list[NodeProto]:
@@ -345,13 +329,23 @@ def _toposort(nodes: list[NodeProto], inputs: tuple[str, ...]) -> list[NodeProto
     return ordered
 
 
-def _finish(graph: GraphProto, doc: str) -> ModelProto:
+def _model(nodes: list[NodeProto], kind: str, main: _Value, outputs: list[_Value], doc: str) -> ModelProto:
+    """The checked demo ``kind`` (decoder, encoder) model of ``nodes`` (in any order); its
+    inputs are ``main`` and, as the official codec's, ``n_quantizers``."""
     onnx = _onnx()
-    model: ModelProto = onnx.helper.make_model(
+    h = onnx.helper
+    inputs = [main, ("n_quantizers", onnx.TensorProto.INT64, [])]
+    graph = h.make_graph(
+        _toposort(nodes, tuple(name for name, _, _ in inputs)),
+        f"streamtts_demo_{kind}",
+        [h.make_tensor_value_info(*v) for v in inputs],
+        [h.make_tensor_value_info(*v) for v in outputs],
+    )
+    model: ModelProto = h.make_model(
         graph,
-        opset_imports=[onnx.helper.make_opsetid("", OPSET)],
+        opset_imports=[h.make_opsetid("", OPSET)],
         producer_name="streamtts.demo",
-        doc_string=doc,
+        doc_string=f"streamtts demo {kind}: {doc}",
     )
     model.ir_version = 8  # readable by every onnxruntime >= 1.14
     onnx.checker.check_model(model, full_check=True)

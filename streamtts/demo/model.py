@@ -71,6 +71,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..convert.qwen3_gguf import Qwen3Shape
@@ -318,7 +319,7 @@ def _model_config(p: DemoPreset, ids: TokenIds) -> dict[str, Any]:
         "model_type": "moss_tts_delay",
         "streamtts_demo": True,
     }
-    cfg.update({k: getattr(ids, k) for k in TokenIds.__struct_fields__})
+    cfg.update(msgspec.to_builtins(ids))  # the config.json keys
     cfg["language_config"] = {
         "model_type": "qwen3",
         "hidden_size": p.n_embd,

@@ -89,8 +89,6 @@ class Kernels:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> Kernels:
-        if cfg.tick_threads < 0:
-            raise ConfigError(f"tick_threads must be >= 0 (0 = automatic), got {cfg.tick_threads}")
         return cls(select_twins(cfg.sampler, cfg.kernels), threads=cfg.tick_threads or auto_threads())
 
     @property

@@ -369,11 +369,9 @@ class Session:
         stats: StreamStats | None,
         context_id: str | None = None,
     ) -> None:
-        ctx = self._contexts.get(context_id)
-        if self.closed or ctx is None or ctx.finished:
+        ctx = self._segment_finished(context_id)
+        if ctx is None:
             return
-        ctx.n.finished += 1
-        self.n.finished += 1
         ttfa = stats.ttfa_s if stats is not None else float("nan")
         if ttfa == ttfa:
             ctx.n.segment_ttfa.append(ttfa)
@@ -395,11 +393,9 @@ class Session:
     def segment_failed(
         self, index: int, text: str, exc: BaseException, context_id: str | None = None
     ) -> None:
-        ctx = self._contexts.get(context_id)
-        if self.closed or ctx is None or ctx.finished:
+        ctx = self._segment_finished(context_id)
+        if ctx is None:
             return
-        ctx.n.finished += 1
-        self.n.finished += 1
         code, fatal, close = error_for_exception(exc)
         if not fatal:
             self._error(code, f"segment {index} ({_clip(text)!r}) was skipped: {exc}", context_id)
@@ -423,25 +419,14 @@ class Session:
 
     def idle_timeout(self) -> None:
         """No client message for ``idle_timeout_s`` while nothing was being generated."""
-        if self.closed:
-            return
         t = self.settings.idle_timeout_s
-        self._fatal(
-            ErrorCode.IDLE_TIMEOUT,
-            f"no message for {t:g} s; closing the idle session",
-            CloseCode.POLICY,
-        )
+        self._fatal_once(ErrorCode.IDLE_TIMEOUT, f"no message for {t:g} s; closing the idle session", CloseCode.POLICY)
 
     def first_message_timeout(self) -> None:
         """No frame at all within ``first_message_timeout_s`` of connecting."""
-        if self.closed:
-            return
         t = self.settings.first_message_timeout_s
-        self._fatal(
-            ErrorCode.FIRST_MESSAGE_TIMEOUT,
-            f"no message within {t:g} s of connecting; send `start` or `text` right after connecting",
-            CloseCode.POLICY,
-        )
+        msg = f"no message within {t:g} s of connecting; send `start` or `text` right after connecting"
+        self._fatal_once(ErrorCode.FIRST_MESSAGE_TIMEOUT, msg, CloseCode.POLICY)
 
     def send_stalled(self, seconds: float) -> None:
         """The send buffer stayed full for ``seconds``: the client does not read."""
@@ -461,9 +446,7 @@ class Session:
     def draining(self) -> None:
         """The server is draining and the session is :attr:`quiet`: close it (1001); the
         client reconnects, and the balancer sends it to another replica."""
-        if self.closed:
-            return
-        self._fatal(
+        self._fatal_once(
             ErrorCode.SERVER_DRAINING,
             "the server is draining (shutting down or restarting): this session is closed "
             "between replies; connect again to continue (the balancer picks another replica)",
@@ -472,9 +455,7 @@ class Session:
 
     def shutdown(self, drain_timeout_s: float) -> None:
         """The server's drain time ran out with this session still busy: cut it (1001)."""
-        if self.closed:
-            return
-        self._fatal(
+        self._fatal_once(
             ErrorCode.SERVER_SHUTDOWN,
             f"the server is shutting down: its drain time ({drain_timeout_s:g} s) ran out "
             "and this stream was cut; connect again to continue",
@@ -490,6 +471,16 @@ class Session:
         if not self.closed:
             self._out.append(Abort())
             self.state = "closed"
+
+    def _segment_finished(self, context_id: str | None) -> _Context | None:
+        """Count a segment of the context as finished; None if nothing is to be sent about it
+        (the session or the context has ended)."""
+        ctx = self._contexts.get(context_id)
+        if self.closed or ctx is None or ctx.finished:
+            return None
+        ctx.n.finished += 1
+        self.n.finished += 1
+        return ctx
 
     # -- message handlers ------------------------------------------------------------------------
     def _on_start(self, msg: Start) -> None:
@@ -835,6 +826,12 @@ class Session:
         self._out.append(Abort())
         self._send(Error(code=code, message=message, fatal=True))
         self._close(close_code, code)
+
+    def _fatal_once(self, code: str, message: str, close_code: int) -> None:
+        """:meth:`_fatal` for an end the server decides (a timer, a drain), unless the session
+        has already ended."""
+        if not self.closed:
+            self._fatal(code, message, close_code)
 
     def _close(self, code: int, reason: str, immediate: bool = False) -> None:
         self.state = "closed"

@@ -165,7 +165,7 @@ def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
     rng = np.random.default_rng(p["seed"])
     cap, fused = p["capacity"], p["fused"]
     k_n, a_n = ids.n_vq, ids.audio_rows
-    v = max(getattr(ids, f) for f in ids.__struct_fields__ if f.endswith("_token_id")) + 3  # text vocabulary
+    v = max(ids.pad, ids.im_start, ids.im_end, ids.audio_start, ids.audio_end, ids.user_slot, ids.gen_slot, ids.delay_slot) + 3  # text vocabulary
     states = kernels.delay_states(cap, ids)
     slot_buf = np.zeros(cap, np.int64)
     logits = np.zeros((cap, 2 + (k_n * a_n if fused else 0)), np.float32)

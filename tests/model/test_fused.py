@@ -433,7 +433,7 @@ def test_incompatible_fused_file(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     info = read_fused_info(fused_files["f16"])
-    other = TokenIds(audio_assistant_delay_slot_token_id=151661)
+    other = TokenIds(delay_slot=151661)
     with pytest.raises(ModelFileError, match="delay slot token 151661"):
         info.columns(other)
     with pytest.raises(ModelFileError, match="the file has 32 codebooks, the model has 16"):

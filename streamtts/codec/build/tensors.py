@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ...checkpoint import Checkpoint
+from ...closing import Closing
 from ...constants import CODEC_DECODER_PREFIXES
 from ...errors import ModelFileError
 from .arch import CodecArch, StageArch
@@ -133,7 +134,7 @@ def _patch_perm(channels: int, patch: int) -> np.ndarray:
     return (new % d) * patch + new // d
 
 
-class DecoderWeights:
+class DecoderWeights(Closing):
     """The checkpoint in ``folder``, checked against ``arch``; hands out folded weights."""
 
     def __init__(self, folder: str | Path, arch: CodecArch) -> None:
@@ -145,12 +146,6 @@ class DecoderWeights:
         except BaseException:
             self.ck.close()
             raise
-
-    def __enter__(self) -> DecoderWeights:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         self.ck.close()
