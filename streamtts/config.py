@@ -141,6 +141,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # (core/sampling.py); the same tokens for the same seed, the native one several times faster
     sampler: str = "native"
     log_llama: bool = False  # forward llama.cpp's own log lines
+    # which llama.cpp build runs the backbone: cpu, cuda, vulkan, or auto (CUDA, then Vulkan
+    # with a GPU, then CPU, among the builds present); STREAMTTS_BACKEND overrides it
+    backend: str = "auto"
     # Engine.start(): pay the first request's one-off costs at load (the default prompt's
     # prefix into the prefix cache, llama.cpp's one-row graph, the codec's first call)
     warmup: bool = True
@@ -172,6 +175,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
             raise ConfigError(f"codec_nice must be 0..19, got {self.codec_nice}")
         if self.codec_turns not in ("auto", "always", "never"):
             raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
+        if self.backend not in ("auto", "cpu", "cuda", "vulkan"):
+            raise ConfigError(f"backend must be 'auto', 'cpu', 'cuda' or 'vulkan', got {self.backend!r}")
         if self.sampler not in ("native", "numpy"):
             raise ConfigError(f"sampler must be 'native' or 'numpy', got {self.sampler!r}")
         if self.heads_threads < 0:

@@ -34,6 +34,7 @@ import numpy.typing as npt
 from ..errors import BackboneError, ConfigError, ModelFileError
 from . import _llama
 from ._llama import STT_E_INVALID, STT_E_MODEL
+from .placement import Placement, parse_placement
 from .threads import physical_cores
 
 log = logging.getLogger(__name__)
@@ -175,12 +176,16 @@ class Backbone:
         self._bound_out_rows = 0
         self._bound_strides = (0, 0)
         self._bound_cols = 0
+        raw = lib.stt_placement(h)
+        self.placement: Placement = parse_placement(
+            raw.decode("utf-8", "replace") if raw else "", _llama.loaded_backend(), _llama.devices()
+        )
         log.info(
             "backbone %s: n_embd=%d n_vocab=%d n_ctx=%d (per sequence %d) n_seq_max=%d n_batch=%d "
-            "threads=%d flash_attn=%s kv=%s/%s gpu_layers=%d thread_poll=%s [%s]",
+            "threads=%d flash_attn=%s kv=%s/%s gpu_layers=%d thread_poll=%s [%s; %s]",
             path.name, self.n_embd, self.n_vocab, self.n_ctx, self.n_ctx_seq, self.n_seq_max,
             self.n_batch, self.n_threads, params.flash_attn, params.type_k, params.type_v,
-            params.n_gpu_layers, params.thread_poll, _llama.bridge_version(lib),
+            params.n_gpu_layers, params.thread_poll, _llama.bridge_version(lib), self.placement.line(),
         )  # fmt: skip
 
     @staticmethod
