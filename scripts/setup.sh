@@ -5,7 +5,9 @@
 #
 #   bash scripts/setup.sh          # runtime (+ model writing, playback, download, examples, redis)
 #   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium,
-#                                  # redis-server and haproxy for the cluster tests)
+#                                  # redis-server and haproxy for the cluster tests) and the
+#                                  # Vulkan build of llama.cpp, run on Mesa's lavapipe by the
+#                                  # vulkan tests (once per cache: ~12 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +28,9 @@ pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1 curl)
 # The cluster tests start their own redis-server and haproxy (deploy/local-cluster.sh); the
 # packages' own services are not used.
 [ "$WITH_TEST" = 1 ] && pkgs+=(chromium redis-server haproxy)
+# llama.cpp's Vulkan backend (the loader, shader compiler, SPIR-V headers) and Mesa's
+# drivers, lavapipe among them: a Vulkan device on the CPU for the vulkan tests
+[ "$WITH_TEST" = 1 ] && pkgs+=(libvulkan-dev glslc glslang-tools spirv-headers mesa-vulkan-drivers)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -62,4 +67,9 @@ step "installing streamtts[$extras] into .venv"
 CURRENT="native build"
 step "building llama.cpp and the streamtts bridge (cached)"
 PATH="$PWD/.venv/bin:$PATH" bash native/build.sh
+if [ "$WITH_TEST" = 1 ]; then
+  CURRENT="native build (Vulkan)"
+  step "building llama.cpp's Vulkan variant for the vulkan tests (cached)"
+  PATH="$PWD/.venv/bin:$PATH" STREAMTTS_VULKAN=1 bash native/build.sh
+fi
 step "setup complete: activate with 'source .venv/bin/activate'"

@@ -377,12 +377,12 @@ def use_backend(name: str) -> None:
         )
 
 
-def devices() -> list[dict[str, object]]:
+def devices() -> list[dict[str, Any]]:
     """The compute devices the loaded build registered: name, description, type (cpu, gpu,
     igpu, accel), free and total bytes (ggml-backend's registry, native/devices.c)."""
     buf = ctypes.create_string_buffer(16384)
     n = int(load_bridge().stt_devices(buf, len(buf)))
-    out: list[dict[str, object]] = []
+    out: list[dict[str, Any]] = []
     for line in buf.value.decode("utf-8", "replace").splitlines()[: max(n, 0)]:
         name, desc, kind, free, total = line.split("\t")
         out.append({"name": name, "description": desc, "type": kind, "free": int(free), "total": int(total)})

@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import BackboneError, ConfigError, ModelFileError
+from ..errors import BackboneError, ConfigError, DeviceMemoryError, ModelFileError
 from . import _llama
 from ._llama import STT_E_INVALID, STT_E_MODEL
 from .placement import Placement, parse_placement
@@ -154,6 +154,8 @@ class Backbone:
         )
         if not handle:
             msg = err.value.decode("utf-8", "replace")
+            if "unable to allocate" in msg or "failed to allocate" in msg:
+                raise DeviceMemoryError(_too_big(path, params, msg))
             if status.value == STT_E_MODEL:
                 raise ModelFileError(path, "a GGUF model llama.cpp can load", msg)
             raise BackboneError("create", status.value, msg)
@@ -521,6 +523,21 @@ class Backbone:
                 STT_E_INVALID,
                 f"{name} has shape {a.shape}, needs at least ({rows}, {cols}) rows and exactly {cols} columns",
             )
+
+
+def _too_big(path: Path, params: BackboneParams, msg: str) -> str:
+    """One line for a model (or KV cache) larger than the device's memory."""
+    where = ", ".join(
+        f"{d['name']} ({d['description']}) {int(d['free']) / 2**20:.0f} MiB free"
+        for d in _llama.devices()
+        if d["type"] != "cpu"
+    )
+    return (
+        f"{path.name} with n_ctx {params.n_ctx} does not fit in the device's memory "
+        f"({where or 'no GPU device'}; {path.stat().st_size / 2**20:.0f} MiB of weights): llama.cpp: "
+        f"{' '.join(msg.split())}; offload fewer layers (n_gpu_layers), shrink n_ctx or "
+        f"max_streams, or use a smaller quantization"
+    )
 
 
 def _offset(p: ctypes.c_void_p | int | None, nbytes: int) -> int | None:

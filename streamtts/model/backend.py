@@ -31,7 +31,7 @@ BUILD_CMD = {
     "cuda": "STREAMTTS_CUDA=1 bash native/build.sh",
     "vulkan": "STREAMTTS_VULKAN=1 bash native/build.sh",
 }
-VULKAN_PACKAGES = "Debian: apt-get install libvulkan-dev glslc glslang-tools spirv-headers mesa-vulkan-drivers"
+VULKAN_PACKAGES = "libvulkan-dev glslc glslang-tools spirv-headers mesa-vulkan-drivers on Debian"
 _VK_ENV = "GGML_VK_VISIBLE_DEVICES"
 
 _configured: str = ""  # the config key's value, set by request()

@@ -1,0 +1,160 @@
+"""What the Vulkan tests check, computed in one process on the Vulkan build of the bridge.
+
+A process loads one build of the bridge, and llama.cpp's Vulkan backend compiles its pipelines
+once per process (about 30 s on lavapipe), so tests/test_vulkan.py runs this once per session:
+
+    STREAMTTS_BACKEND=vulkan python tests/vulkan_run.py MODEL_DIR OUT_DIR
+
+and compares what it writes (OUT_DIR/results.json, OUT_DIR/arrays.npz) with the CPU build in
+the test process. Everything runs on the demo model with ``n_gpu_layers: -1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamtts import Engine
+from streamtts.config import SamplingParams
+from streamtts.core.tokens import TokenIds
+from streamtts.model import _llama
+from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.fused import read_fused_info
+from streamtts.model.weights import Embedder
+from streamtts.request import StreamOptions
+
+TEXT = "Hello there, this is a streaming test."
+GREEDY = StreamOptions(sampling=SamplingParams.greedy(), seed=1)
+# the batching test's streams: slots 0, 1, 2 in turn; slot 1's ends first and leaves a gap
+# between 0 and 2 (stand-in rows); a fourth joins slot 1 later
+BATCH_TEXTS = [
+    "Hello there, this is stream one.",
+    "Short.",
+    "Numbers: one, two, three, four.",
+    "A late stream with a longer prompt, prefilled in small pieces.",
+]
+BATCH_FRAMES = [90, 12, 90, 16]
+
+
+def engine(model_dir: Path, **kw: Any) -> Engine:
+    kw.setdefault("n_threads", 1)
+    kw.setdefault("max_streams", 4)
+    return Engine.from_config(model_dir / "config.yaml", n_gpu_layers=-1, **kw)
+
+
+async def codes_of(e: Engine, text: str, opts: StreamOptions) -> np.ndarray:
+    return (await e.generate(text, options=opts)).codes
+
+
+async def wait_idle(e: Engine) -> None:
+    while e.active_streams:
+        await asyncio.sleep(0.01)
+
+
+async def batched(e: Engine, removed: list[tuple[int, int]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    greedy = SamplingParams.greedy()
+    opts = [StreamOptions(seed=20 + i, fixed_frames=f, sampling=greedy) for i, f in enumerate(BATCH_FRAMES)]
+    alone = [await codes_of(e, t, o) for t, o in zip(BATCH_TEXTS, opts, strict=True)]
+
+    async def rest(s: Any) -> np.ndarray:
+        async with s:
+            return np.concatenate([c.codes async for c in s])
+
+    removed.clear()
+    streams = [e.stream(t, options=o) for t, o in zip(BATCH_TEXTS[:3], opts[:3], strict=True)]
+    firsts, tasks = [], []
+    for s in streams:
+        firsts.append(await s.__anext__())  # each has audio before the next starts
+        tasks.append(asyncio.create_task(rest(s)))
+    short = await tasks[1]  # slot 1 is free from here; slots 0 and 2 step on
+    late = await codes_of(e, BATCH_TEXTS[3], opts[3])  # slot 1 again
+    out = [np.concatenate([f.codes, await t]) for f, t in zip(firsts[::2], tasks[::2], strict=True)]
+    together = [out[0], np.concatenate([firsts[1].codes, short]), out[1], late]
+    return alone, together
+
+
+async def main(model_dir: Path, out_dir: Path) -> None:
+    res: dict[str, Any] = {}
+    arr: dict[str, np.ndarray] = {}
+    removed: list[tuple[int, int]] = []
+
+    def recording(params: Any) -> Backbone:
+        b = Backbone(params)
+        real = b.seq_rm
+
+        def seq_rm(seq: int, start: int = 0) -> None:
+            removed.append((seq, start))
+            real(seq, start)
+
+        b.seq_rm = seq_rm  # type: ignore[method-assign]
+        return b
+
+    e = engine(model_dir, prefix_cache_mib=0, prefill_chunk=8, step_slack_s=0.0)
+    e.backbone_factory = recording
+    async with e:
+        res["info"] = {k: v for k, v in e.info.items() if isinstance(v, (str, int, float, bool))}
+        res["loaded_backend"] = _llama.loaded_backend()
+        res["devices"] = _llama.devices()
+        arr["greedy"] = await codes_of(e, TEXT, GREEDY)
+        alone, together = await batched(e, removed)
+        res["stand_ins"] = sum(1 for seq, _ in removed if seq == 1)
+        for i, (a, t) in enumerate(zip(alone, together, strict=True)):
+            arr[f"alone{i}"], arr[f"together{i}"] = a, t
+        # cancel: leave the stream after its first chunk
+        async for _ in e.stream(TEXT, options=StreamOptions(fixed_frames=200)):
+            break
+        await wait_idle(e)
+        res["slots_after_cancel"] = [e._backbone.seq_pos_max(i) for i in range(4)]
+        arr["greedy_after_cancel"] = await codes_of(e, TEXT, GREEDY)
+        # streamed audio, for the offline decode of the same codes (in the test process)
+        s = e.stream(TEXT, options=StreamOptions(seed=7, fixed_frames=30))
+        async with s:
+            chunks = [c async for c in s]
+        arr["stream_codes"] = np.concatenate([c.codes for c in chunks])
+        arr["stream_pcm"] = np.concatenate([c.pcm for c in chunks])
+
+    # the prefix cache: snapshots of the device-resident KV cache, restored for the second
+    async with engine(model_dir, prefix_cache_mib=256) as e:
+        arr["cached_first"] = await codes_of(e, TEXT, GREEDY)
+        arr["cached_second"] = await codes_of(e, TEXT, GREEDY)
+        res["prefix_cache"] = e.prefix_cache_info()
+
+    # the fused f16 heads in the graph against the plain backbone's hidden states
+    fused = Path(str(res["info"]["backbone"]))
+    gg = model_dir / "MOSS-TTS-GGUF"
+    ids = TokenIds()
+    emb = Embedder(gg / "embeddings", ids)
+    rows = np.full((24, ids.n_vq + 1), ids.audio_pad_code)
+    rows[:, 0] = np.arange(1000, 1024)
+    x = emb.embed_rows(rows)
+    pos, seq = np.arange(24, dtype=np.int32), np.zeros(24, np.int32)
+    out = np.zeros(24, np.int8)
+    out[-1] = 1
+    p = BackboneParams(model_path=str(gg / "MOSS_TTS_Q4_K_M.gguf"), n_ctx=256, n_batch=64, n_seq_max=1, n_gpu_layers=-1, n_threads=1)
+    with Backbone(p) as bb:
+        h = np.zeros((1, bb.n_embd), np.float32)
+        bb.decode(x, pos, seq, out, h, None)
+        res["plain_placement"] = bb.placement.info()
+    with Backbone(msgspec_replace(p, model_path=str(fused))) as bb:
+        bb.set_logit_columns(read_fused_info(fused).columns(ids))
+        lg = np.zeros((1, bb.n_logit_columns), np.float32)
+        bb.decode(x, pos, seq, out, None, lg)
+    arr["heads_x"], arr["heads_hidden"], arr["heads_logits"] = x, h, lg
+
+    (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    np.savez(out_dir / "arrays.npz", **arr)
+
+
+def msgspec_replace(p: BackboneParams, **kw: Any) -> BackboneParams:
+    import msgspec
+
+    return msgspec.structs.replace(p, **kw)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1]), Path(sys.argv[2])))
