@@ -60,9 +60,9 @@ def test_vulkan_asked_without_a_device_says_so(demo_model_dir: Path, tmp_path: P
 
 
 def test_model_larger_than_the_device_memory_is_our_error_and_nothing_stays_loaded(demo_model_dir: Path, tmp_path: Path) -> None:
-    """The device's allocations capped at 64 KiB (llama.cpp's own knob, read when its Vulkan
-    device starts): the weights cannot be placed, llama.cpp's error becomes ours, and the
-    engine has nothing loaded afterwards."""
+    """The device's buffers capped at 64 KiB (llama.cpp's own knobs, read when its Vulkan
+    device starts; lavapipe's memory is the host's): the KV cache cannot be placed, llama.cpp's
+    error becomes ours, and the engine has nothing loaded afterwards."""
     if not _llama._variant_lib("vulkan").is_file():
         pytest.skip("needs the Vulkan build (STREAMTTS_VULKAN=1 bash native/build.sh)")
     code = (
@@ -78,7 +78,7 @@ def test_model_larger_than_the_device_memory_is_our_error_and_nothing_stays_load
     )
     r = subprocess.run(
         [sys.executable, "-c", code, str(demo_model_dir / "config.yaml")],
-        env=_child_env(STREAMTTS_BACKEND="vulkan", GGML_VK_FORCE_MAX_ALLOCATION_SIZE="65536"),
+        env=_child_env(STREAMTTS_BACKEND="vulkan", GGML_VK_FORCE_MAX_ALLOCATION_SIZE="65536", GGML_VK_FORCE_MAX_BUFFER_SIZE="65536"),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ BATCH_FRAMES = [90, 12, 90, 16]
 def engine(model_dir: Path, **kw: Any) -> Engine:
     kw.setdefault("n_threads", 1)
     kw.setdefault("max_streams", 4)
+    # llama.cpp compiles a graph's Vulkan pipelines on its first use (lavapipe: up to ~30 s,
+    # inside one engine tick); a request waiting for a slot meanwhile must not expire
+    kw.setdefault("queue_timeout_s", 900.0)
     return Engine.from_config(model_dir / "config.yaml", n_gpu_layers=-1, **kw)
 
 
@@ -79,8 +83,12 @@ async def batched(e: Engine, removed: list[tuple[int, int]]) -> tuple[list[np.nd
 
 
 async def main(model_dir: Path, out_dir: Path) -> None:
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"seconds": {}}
     arr: dict[str, np.ndarray] = {}
+    t0 = time.monotonic()
+
+    def lap(what: str) -> None:
+        res["seconds"][what] = round(time.monotonic() - t0, 1)
     removed: list[tuple[int, int]] = []
 
     def recording(params: Any) -> Backbone:
@@ -100,8 +108,11 @@ async def main(model_dir: Path, out_dir: Path) -> None:
         res["info"] = {k: v for k, v in e.info.items() if isinstance(v, (str, int, float, bool))}
         res["loaded_backend"] = _llama.loaded_backend()
         res["devices"] = _llama.devices()
+        lap("engine started")
         arr["greedy"] = await codes_of(e, TEXT, GREEDY)
+        lap("greedy")
         alone, together = await batched(e, removed)
+        lap("batched")
         res["stand_ins"] = sum(1 for seq, _ in removed if seq == 1)
         for i, (a, t) in enumerate(zip(alone, together, strict=True)):
             arr[f"alone{i}"], arr[f"together{i}"] = a, t
@@ -117,12 +128,14 @@ async def main(model_dir: Path, out_dir: Path) -> None:
             chunks = [c async for c in s]
         arr["stream_codes"] = np.concatenate([c.codes for c in chunks])
         arr["stream_pcm"] = np.concatenate([c.pcm for c in chunks])
+        lap("cancel and stream")
 
     # the prefix cache: snapshots of the device-resident KV cache, restored for the second
     async with engine(model_dir, prefix_cache_mib=256) as e:
         arr["cached_first"] = await codes_of(e, TEXT, GREEDY)
         arr["cached_second"] = await codes_of(e, TEXT, GREEDY)
         res["prefix_cache"] = e.prefix_cache_info()
+    lap("prefix cache")
 
     # the fused f16 heads in the graph against the plain backbone's hidden states
     fused = Path(str(res["info"]["backbone"]))
@@ -145,6 +158,7 @@ async def main(model_dir: Path, out_dir: Path) -> None:
         lg = np.zeros((1, bb.n_logit_columns), np.float32)
         bb.decode(x, pos, seq, out, None, lg)
     arr["heads_x"], arr["heads_hidden"], arr["heads_logits"] = x, h, lg
+    lap("heads")
 
     (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))
     np.savez(out_dir / "arrays.npz", **arr)
