@@ -526,17 +526,14 @@ class Backbone:
 
 
 def _too_big(path: Path, params: BackboneParams, msg: str) -> str:
-    """One line for a model (or KV cache) larger than the device's memory."""
-    where = ", ".join(
-        f"{d['name']} ({d['description']}) {int(d['free']) / 2**20:.0f} MiB free"
-        for d in _llama.devices()
-        if d["type"] != "cpu"
-    )
+    """One line for a model (or KV cache) larger than the memory it was to go to."""
+    gpus = [d for d in _llama.devices() if d["type"] != "cpu"]
+    where = ", ".join(f"{d['name']} ({d['description']}) {int(d['free']) / 2**20:.0f} MiB free" for d in gpus)
+    advice = "offload fewer layers (n_gpu_layers), shrink n_ctx or max_streams" if gpus else "shrink n_ctx or max_streams"
     return (
-        f"{path.name} with n_ctx {params.n_ctx} does not fit in the device's memory "
-        f"({where or 'no GPU device'}; {path.stat().st_size / 2**20:.0f} MiB of weights): llama.cpp: "
-        f"{' '.join(msg.split())}; offload fewer layers (n_gpu_layers), shrink n_ctx or "
-        f"max_streams, or use a smaller quantization"
+        f"{path.name} with n_ctx {params.n_ctx} does not fit in the {'device' if gpus else 'host'}'s memory "
+        f"({where + '; ' if where else ''}{path.stat().st_size / 2**20:.0f} MiB of weights): llama.cpp: "
+        f"{' '.join(msg.split())}; {advice}, or use a smaller quantization"
     )
 
 
