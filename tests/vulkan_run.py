@@ -31,15 +31,17 @@ from streamtts.request import StreamOptions
 
 TEXT = "Hello there, this is a streaming test."
 GREEDY = StreamOptions(sampling=SamplingParams.greedy(), seed=1)
-# the batching test's streams: slots 0, 1, 2 in turn; slot 1's ends first and leaves a gap
-# between 0 and 2 (stand-in rows); a fourth joins slot 1 later
+# four streams submitted together (slots 0-3, one decode of 4 rows); slot 1's ends first and
+# leaves a gap between slots 0 and 2 (stand-in rows); a fifth then joins slot 1, its prompt
+# prefilled in pieces between steps
 BATCH_TEXTS = [
     "Hello there, this is stream one.",
     "Short.",
     "Numbers: one, two, three, four.",
+    "A second voice joins the conversation.",
     "A late stream with a longer prompt, prefilled in small pieces.",
 ]
-BATCH_FRAMES = [72, 8, 72, 12]
+BATCH_FRAMES = [72, 8, 72, 72, 12]
 
 
 def engine(model_dir: Path, **kw: Any) -> Engine:
@@ -77,15 +79,30 @@ async def batched(e: Engine, removed: list[tuple[int, int]]) -> tuple[list[np.nd
             return np.concatenate([c.codes async for c in s])
 
     removed.clear()
-    streams = [e.stream(t, options=o) for t, o in zip(BATCH_TEXTS[:3], opts[:3], strict=True)]
-    firsts, tasks = [], []
-    for s in streams:
-        firsts.append(await s.__anext__())  # each has audio before the next starts
-        tasks.append(asyncio.create_task(rest(s)))
-    short = await tasks[1]  # slot 1 is free from here; slots 0 and 2 step on
-    late = await codes_of(e, BATCH_TEXTS[3], opts[3])  # slot 1 again
-    out = [np.concatenate([f.codes, await t]) for f, t in zip(firsts[::2], tasks[::2], strict=True)]
-    together = [out[0], np.concatenate([firsts[1].codes, short]), out[1], late]
+    chunks0 = 0
+    more = asyncio.Event()
+
+    async def first(s: Any) -> np.ndarray:  # stream 0, counting its chunks
+        nonlocal chunks0
+        out = []
+        async with s:
+            async for c in s:
+                out.append(c.codes)
+                chunks0 += 1
+                more.set()
+        return np.concatenate(out)
+
+    tasks = [asyncio.create_task(first(e.stream(BATCH_TEXTS[0], options=opts[0])))]
+    tasks += [asyncio.create_task(codes_of(e, t, o)) for t, o in zip(BATCH_TEXTS[1:4], opts[1:4], strict=True)]
+    short = await tasks[1]  # slot 1 is free from here; slots 0, 2 and 3 step on
+    # keep the gap open for two more chunks of stream 0 (at least 2 steps each), whatever the
+    # device's speed, then a fifth stream takes slot 1
+    seen = chunks0
+    while chunks0 < seen + 2 and not tasks[0].done():
+        more.clear()
+        await more.wait()
+    late = await codes_of(e, BATCH_TEXTS[4], opts[4])
+    together = [await tasks[0], short, await tasks[2], await tasks[3], late]
     return alone, together
 
 
@@ -97,6 +114,7 @@ async def main(model_dir: Path, out_dir: Path) -> None:
     def lap(what: str) -> None:
         res["seconds"][what] = round(time.monotonic() - t0, 1)
     removed: list[tuple[int, int]] = []
+    max_rows = 0
 
     def recording(params: Any) -> Backbone:
         b = Backbone(params)
@@ -106,7 +124,16 @@ async def main(model_dir: Path, out_dir: Path) -> None:
             removed.append((seq, start))
             real(seq, start)
 
+        real_decode = b.decode_bound
+
+        def decode_bound(n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+            nonlocal max_rows
+            n = real_decode(n_rows, want_hidden, out_offset)
+            max_rows = max(max_rows, n)
+            return n
+
         b.seq_rm = seq_rm  # type: ignore[method-assign]
+        b.decode_bound = decode_bound  # type: ignore[method-assign]
         return b
 
     e = engine(model_dir, prefix_cache_mib=0, prefill_chunk=8, step_slack_s=0.0)
@@ -121,6 +148,7 @@ async def main(model_dir: Path, out_dir: Path) -> None:
         alone, together = await batched(e, removed)
         lap("batched")
         res["stand_ins"] = sum(1 for seq, _ in removed if seq == 1)
+        res["max_rows"] = max_rows
         for i, (a, t) in enumerate(zip(alone, together, strict=True)):
             arr[f"alone{i}"], arr[f"together{i}"] = a, t
         # cancel: leave the stream after its first chunk
