@@ -114,7 +114,7 @@ def test_greedy_codes_agree_with_the_cpu_build_at_the_start(vk: tuple[dict[str, 
     """The Vulkan engine (f16 heads in the graph) against the CPU build's (f32 NumPy heads) on
     TEXT and the batching test's five streams, each alone, greedy. Seen here (lavapipe, LLVM
     15, 256 bits): TEXT agrees for its first 4 of 35 frames, then a near tie goes the other
-    way; the fixed-length streams agreed on every frame (72, 8, 72, 12 of the first four)."""
+    way; the five fixed-length streams for 72/72, 8/8, 72/72, 7/72 and 12/12."""
     if _llama.loaded_backend() != "cpu":
         pytest.skip("this process must run the CPU build (unset STREAMTTS_BACKEND)")
     _, arr = vk
