@@ -59,6 +59,7 @@ enum {
 };
 
 /* ---- creation parameters: stt_params, in stt.h ---- */
+#define PLACE_MSG 2048 /* llama.cpp's placement lines of one load (see g_place) */
 
 struct stt_ctx {
     struct llama_model   *model;
@@ -86,6 +87,8 @@ struct stt_ctx {
     int32_t *cols;  /* selected logit columns (NULL = all) */
     int32_t  n_cols;
 
+    char placement[PLACE_MSG]; /* llama.cpp's placement lines of this context's load */
+
     char err[1536];
 };
 
@@ -103,6 +106,18 @@ static uint64_t        g_log_error_seq;      /* number of ERROR messages so far 
 static int             g_log_prev_level;     /* level of the previous line (for CONT) */
 static int             g_log_forward = 0;    /* STREAMTTS_LLAMA_LOG: 1 forward INFO+ to stderr, 2 also DEBUG */
 static pthread_once_t  g_init_once = PTHREAD_ONCE_INIT;
+/* While stt_create loads a model: llama.cpp's lines saying where it put the layers and how
+ * big each buffer is ("offloaded 3/3 layers to GPU", "Vulkan0 model buffer size = ...");
+ * stt_placement hands them to the caller, who reports the device from what llama.cpp did
+ * rather than from what it asked for. One load at a time fills it (creates are rare). */
+static char            g_place[PLACE_MSG];
+static int             g_place_on;
+
+static void place_capture(const char *text) {
+    if (!g_place_on || (strstr(text, "offloaded ") == NULL && strstr(text, " buffer size = ") == NULL)) return;
+    size_t used = strlen(g_place);
+    snprintf(g_place + used, PLACE_MSG - used, "%s", text);
+}
 
 static void stt_log_cb(enum ggml_log_level level, const char *text, void *user_data) {
     (void)user_data;
@@ -120,6 +135,7 @@ static void stt_log_cb(enum ggml_log_level level, const char *text, void *user_d
         }
     }
     g_log_prev_level = eff;
+    place_capture(text);
     /* 1: INFO and above; 2: DEBUG too */
     if (g_log_forward >= 2 || (g_log_forward == 1 && eff != GGML_LOG_LEVEL_DEBUG)) {
         fputs(text, stderr);
@@ -273,6 +289,10 @@ STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
 
     uint64_t log_mark = log_error_seq();
     char llama_msg[1024];
+    pthread_mutex_lock(&g_log_mu);
+    g_place[0] = '\0';
+    g_place_on = 1;
+    pthread_mutex_unlock(&g_log_mu);
 
     /* model */
     struct llama_model_params mp = llama_model_default_params();
@@ -319,6 +339,10 @@ STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
         return NULL;
     }
     c->embeddings_on = cp.embeddings ? 1 : 0;
+    pthread_mutex_lock(&g_log_mu);
+    snprintf(c->placement, sizeof c->placement, "%s", g_place);
+    g_place_on = 0;
+    pthread_mutex_unlock(&g_log_mu);
 
     /* optional: our own CPU threadpool, so its polling level is ours to choose */
     if (p->poll >= 0) {
@@ -742,6 +766,12 @@ STT_API int32_t stt_n_threads(const struct stt_ctx *c) {
 }
 STT_API int32_t stt_has_threadpool(const struct stt_ctx *c) {
     return c ? (c->threadpool != NULL) : STT_E_INVALID;
+}
+
+/* llama.cpp's log lines of this context's load that say where the layers and buffers went
+ * (see g_place), newline-separated. */
+STT_API const char *stt_placement(const struct stt_ctx *c) {
+    return c ? c->placement : "";
 }
 
 /* Message of the last failed call on this context ("" after a success). */

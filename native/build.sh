@@ -3,6 +3,7 @@
 #
 #   native/build.sh               build (or refresh) the CPU variant
 #   STREAMTTS_CUDA=1 native/build.sh   build the CUDA variant
+#   STREAMTTS_VULKAN=1 native/build.sh build the Vulkan variant (AMD/Intel GPUs, lavapipe)
 #   native/build.sh --print-lib   print the bridge library the Python side will load
 #   native/build.sh --configure-only   stop after configuring llama.cpp (checks options fast)
 #   native/build.sh --clean       remove every build, pointer and downloaded source
@@ -12,7 +13,8 @@
 #     src/llama_cpp_python-<ver>/vendor/llama.cpp   downloaded source (unless LLAMA_CPP_DIR)
 #     <key>/build/                                  cmake build tree
 #     <key>/lib/                                    libstreamtts_bridge.so + libllama/libggml*.so
-#     current-cpu, current-cuda                     symlinks to the <key> folder last built
+#     vulkan-headers/<deb version>/usr/include      newer Vulkan headers (Vulkan variant only)
+#     current-cpu, current-cuda, current-vulkan     symlinks to the <key> folder last built
 # <key> hashes the llama.cpp version and every option that changes the binaries, so
 # switching options never reuses a stale build, and a second run with the same options
 # only checks that nothing changed (seconds).
@@ -20,6 +22,14 @@
 # Environment:
 #   LLAMA_CPP_DIR            use this llama.cpp source tree instead of downloading the sdist
 #   STREAMTTS_CUDA=1         build with -DGGML_CUDA=ON (flash attention kernels, CUDA graphs)
+#   STREAMTTS_VULKAN=1       build with -DGGML_VULKAN=ON. Needs the Vulkan loader, glslc and
+#                            SPIR-V headers (Debian: libvulkan-dev glslc glslang-tools
+#                            spirv-headers; mesa-vulkan-drivers for a device). Debian 12's Vulkan
+#                            headers are too old for this llama.cpp: when /usr/include has an
+#                            older VK_HEADER_VERSION than 1.4, Debian 13's libvulkan-dev is
+#                            fetched with apt-get download (a private sources list; nothing is
+#                            installed) and unpacked into the cache; STREAMTTS_VULKAN_INCLUDE
+#                            names a header folder instead
 #   STREAMTTS_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES, e.g. 90 (H100/H200), 89 (L4, RTX 40xx),
 #                            86 (A10, RTX 30xx), 80 (A100). Default: "native" when nvidia-smi
 #                            sees a GPU, else "80;86;89;90" (slower to build)
@@ -54,6 +64,7 @@ SAMPLER_SRC="$HERE/sampler.c"
 DELAY_SRC="$HERE/delay.c"
 FRAMES_SRC="$HERE/frames.c"
 EMBED_SRC="$HERE/embed.c"
+DEVICES_SRC="$HERE/devices.c"
 BRIDGE_NAME="libstreamtts_bridge.so"
 
 VARIANT=cpu
@@ -65,6 +76,13 @@ case "$CPU_ISA" in
           VARIANT=cpu-avx2 ;;
     *) echo "error: STREAMTTS_CPU_ISA=$CPU_ISA: the one kernel set on offer is 'avx2'" >&2; exit 2 ;;
 esac
+if [[ "${STREAMTTS_VULKAN:-0}" == 1 ]]; then
+    if [[ "$VARIANT" == cuda ]]; then
+        echo "error: STREAMTTS_CUDA=1 and STREAMTTS_VULKAN=1 together; build one variant at a time" >&2
+        exit 2
+    fi
+    VARIANT=vulkan
+fi
 
 STEP_NO=0
 STEP_NAME="starting"
@@ -117,6 +135,65 @@ usage() {
     sed -n '2,/^set -Eeuo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
 }
 
+# VK_HEADER_VERSION_COMPLETE of a header folder, as "1.4.309"
+vk_header_version() {
+    local h="$1/vulkan/vulkan_core.h"
+    [[ -f "$h" ]] || { echo none; return; }
+    local complete patch
+    complete="$(sed -n 's/^#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, \([0-9]*\), \([0-9]*\), VK_HEADER_VERSION).*/\1.\2/p' "$h")"
+    patch="$(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' "$h")"
+    echo "${complete:-0.0}.${patch:-0}"
+}
+
+# Sets VK_INCLUDE, the Vulkan header folder to build against: STREAMTTS_VULKAN_INCLUDE, the
+# system's when it is 1.4 or newer, else Debian 13's libvulkan-dev unpacked into the cache
+# (downloaded once; its headers only, nothing is installed).
+vulkan_include() {
+    if [[ -n "${STREAMTTS_VULKAN_INCLUDE:-}" ]]; then
+        [[ -f "$STREAMTTS_VULKAN_INCLUDE/vulkan/vulkan_core.h" ]] \
+            || die "STREAMTTS_VULKAN_INCLUDE=$STREAMTTS_VULKAN_INCLUDE has no vulkan/vulkan_core.h"
+        VK_INCLUDE="$STREAMTTS_VULKAN_INCLUDE"; return
+    fi
+    local sys; sys="$(vk_header_version /usr/include)"
+    [[ "$sys" != none ]] \
+        || die "STREAMTTS_VULKAN=1 but /usr/include/vulkan/vulkan_core.h is missing (apt-get install libvulkan-dev)"
+    if [[ "$sys" == 1.[4-9].* || "$sys" == [2-9].* ]]; then
+        VK_INCLUDE=/usr/include; return
+    fi
+    local root="$NATIVE_DIR/vulkan-headers" have
+    have="$(ls -d "$root"/*/usr/include 2>/dev/null | sort -V | tail -n1 || true)"
+    if [[ -n "$have" && -f "$have/vulkan/vulkan_core.h" ]]; then
+        VK_INCLUDE="$have"; return
+    fi
+    command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
+        || die "the system's Vulkan headers ($sys) are too old for llama.cpp's Vulkan backend and apt-get is not here to fetch newer ones; set STREAMTTS_VULKAN_INCLUDE to a Vulkan 1.4 include folder"
+    note "the system's Vulkan headers are $sys (too old): fetching Debian 13's libvulkan-dev"
+    local apt_dir; apt_dir="$(mktemp -d "$NATIVE_DIR/vulkan-apt.XXXXXX")"
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/parts" "$apt_dir/deb"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+        >"$apt_dir/sources.list"
+    # a private sources list, package lists and cache: the system's apt state is not touched
+    local opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=$apt_dir/parts"
+        -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o "Debug::NoLocking=1")
+    LOG="$apt_dir/apt.log"
+    run_logged apt-get "${opts[@]}" update
+    RUN_CMD="apt-get download libvulkan-dev (trixie)"
+    (cd "$apt_dir/deb" && apt-get "${opts[@]}" download libvulkan-dev >>"$LOG" 2>&1)
+    RUN_CMD=""
+    local deb ver
+    deb="$(ls "$apt_dir"/deb/libvulkan-dev_*.deb)"
+    ver="$(dpkg-deb -f "$deb" Version)"
+    rm -rf -- "${root:?}/$ver"
+    mkdir -p "$root/$ver"
+    dpkg-deb -x "$deb" "$root/$ver"
+    [[ -f "$root/$ver/usr/include/vulkan/vulkan_core.h" ]] \
+        || die "$(basename "$deb") has no usr/include/vulkan/vulkan_core.h"
+    rm -rf -- "$apt_dir"
+    LOG=""
+    VK_INCLUDE="$root/$ver/usr/include"
+    note "Vulkan headers $(vk_header_version "$VK_INCLUDE") from $(basename "$deb") in $VK_INCLUDE"
+}
+
 # -- command line -----------------------------------------------------------------------
 
 ACTION=build
@@ -133,7 +210,9 @@ done
 if [[ "$ACTION" == print-lib ]]; then
     lib="$NATIVE_DIR/current-$VARIANT/lib/$BRIDGE_NAME"
     if [[ ! -f "$lib" ]]; then
-        hint="native/build.sh"; [[ "$VARIANT" == cuda ]] && hint="STREAMTTS_CUDA=1 native/build.sh"
+        hint="native/build.sh"
+        [[ "$VARIANT" == cuda ]] && hint="STREAMTTS_CUDA=1 native/build.sh"
+        [[ "$VARIANT" == vulkan ]] && hint="STREAMTTS_VULKAN=1 native/build.sh"
         echo "error: no $VARIANT build yet ($lib missing); run $hint" >&2
         exit 1
     fi
@@ -155,13 +234,15 @@ T_START=$(date +%s)
 mkdir -p "$NATIVE_DIR"
 
 # one build at a time per cache (two shells, or tests, may start it together)
-if command -v flock >/dev/null; then
-    exec 9>"$NATIVE_DIR/.build.lock"
+lock_cache() {
+    command -v flock >/dev/null || return 0
+    exec 9>"$NATIVE_DIR/$1"
     if ! flock -n 9; then
-        echo "==> waiting for another native/build.sh on $NATIVE_DIR"
+        echo "==> waiting for another native/build.sh on $NATIVE_DIR ($1)"
         flock 9
     fi
-fi
+}
+lock_cache .build.lock
 
 # -- 1. source ----------------------------------------------------------------------------
 
@@ -208,6 +289,13 @@ LLAMA_VERSION_BASE="$(sed -n 's/^set(LLAMA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-
     "$LLAMA_DIR/CMakeLists.txt" | paste -sd. -)"
 
 # -- 2. tools and build key ----------------------------------------------------------------
+
+# a GPU variant's build (12 minutes for Vulkan on 2 cores) holds only its own lock past the
+# shared source step, so CPU builds (and bridge rebuilds) run meanwhile
+if [[ "$VARIANT" != cpu ]]; then
+    exec 9>&-
+    lock_cache ".build-$VARIANT.lock"
+fi
 
 step 2 "checking tools and computing the build key"
 CC="${CC:-cc}"
@@ -286,6 +374,15 @@ if [[ "$VARIANT" == cuda ]]; then
     CMAKE_OPTS+=(-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH")
     TOOLCHAIN+="; $(nvcc --version | tail -n1)"
 fi
+if [[ "$VARIANT" == vulkan ]]; then
+    command -v glslc >/dev/null \
+        || die "STREAMTTS_VULKAN=1 but glslc is not on PATH (apt-get install libvulkan-dev glslc glslang-tools spirv-headers, or bash scripts/setup.sh --test)"
+    [[ -f /usr/include/spirv/unified1/spirv.hpp || -n "${VULKAN_SDK:-}" ]] \
+        || die "STREAMTTS_VULKAN=1 but the SPIR-V headers are missing (apt-get install spirv-headers)"
+    vulkan_include
+    CMAKE_OPTS+=(-DGGML_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VK_INCLUDE")
+    TOOLCHAIN+="; $(glslc --version 2>&1 | head -n1); vulkan headers $(vk_header_version "$VK_INCLUDE")"
+fi
 KEY_TEXT="$SRC_ID|$LLAMA_VERSION_BASE|$VARIANT|${GENERATOR[*]:-make}|${CMAKE_OPTS[*]}|$TOOLCHAIN"
 KEY_HASH="$(printf '%s' "$KEY_TEXT" | sha256sum | cut -c1-12)"
 KEY="llama-$LLAMA_CPP_PYTHON_VERSION-$VARIANT-$KEY_HASH"
@@ -356,12 +453,12 @@ BRIDGE_CMD=(
     "$CC" -std=c11 -O3 -g -fPIC -shared -pthread -Wall -Wextra -Wno-unused-parameter
     "-DSTT_LLAMA_SOURCE=\"$SRC_ID, $VARIANT build\""
     -I"$LLAMA_DIR/include" -I"$LLAMA_DIR/ggml/include"
-    "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
+    "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$DEVICES_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
     -L"$LIB" -lllama -lggml -lggml-base -lggml-cpu -lm
     "-Wl,-rpath,\$ORIGIN" -Wl,--no-undefined
 )
 BRIDGE_STAMP="$LIB/bridge.stamp"
-BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$HERE/stt.h" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
+BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$DEVICES_SRC" "$HERE/stt.h" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
     | sha256sum | cut -c1-32)|${BRIDGE_CMD[*]}"
 if [[ -f "$LIB/$BRIDGE_NAME" && -f "$BRIDGE_STAMP" && "$(cat "$BRIDGE_STAMP")" == "$BRIDGE_HASH" ]]; then
     note "up to date"

@@ -6,7 +6,9 @@
 #   bash scripts/setup.sh          # runtime (+ model writing, playback, download, examples, redis)
 #   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium,
 #                                  # redis-server and haproxy for the cluster tests, espeak-ng
-#                                  # for the word-timing benchmark and test)
+#                                  # for the word-timing benchmark and test) and the Vulkan build
+#                                  # of llama.cpp, run on Mesa's lavapipe by the vulkan tests
+#                                  # (once per cache: ~12 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +29,9 @@ pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1 curl)
 # The cluster tests start their own redis-server and haproxy (deploy/local-cluster.sh); the
 # packages' own services are not used.
 [ "$WITH_TEST" = 1 ] && pkgs+=(chromium redis-server haproxy espeak-ng)
+# llama.cpp's Vulkan backend (the loader, shader compiler, SPIR-V headers) and Mesa's
+# drivers, lavapipe among them: a Vulkan device on the CPU for the vulkan tests
+[ "$WITH_TEST" = 1 ] && pkgs+=(libvulkan-dev glslc glslang-tools spirv-headers mesa-vulkan-drivers)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -69,6 +74,11 @@ if [ ! -e "${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}/native/
        "(longer on a busy machine); the steps follow, later runs take seconds"
 fi
 PATH="$PWD/.venv/bin:$PATH" bash native/build.sh
+if [ "$WITH_TEST" = 1 ]; then
+  CURRENT="native build (Vulkan)"
+  step "building llama.cpp's Vulkan variant for the vulkan tests (cached)"
+  PATH="$PWD/.venv/bin:$PATH" STREAMTTS_VULKAN=1 bash native/build.sh
+fi
 # speak's default output: say now, not after the first synthesis, when nothing can play
 if [ ! -d /dev/snd ] || [ -z "$(ls -A /dev/snd 2>/dev/null)" ]; then
   echo "    no sound card found (/dev/snd is empty): \`streamtts speak\` writes its audio to speak.wav" \

@@ -175,6 +175,9 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # may run on, at most 8; 1 = the engine thread alone. Outputs do not depend on it.
     tick_threads: int = 0
     log_llama: bool = False  # forward llama.cpp's own log lines
+    # which llama.cpp build runs the backbone: cpu, cuda, vulkan, or auto (CUDA, then Vulkan
+    # with a GPU, then CPU, among the builds present); STREAMTTS_BACKEND overrides it
+    backend: str = "auto"
     # Engine.start(): pay the first request's one-off costs at load (the default prompt's
     # prefix into the prefix cache, llama.cpp's one-row graph, the codec's first call)
     warmup: bool = True
@@ -203,6 +206,8 @@ class EngineConfig(_SamplingKeys, kw_only=True):
                 raise ConfigError(f"{key} must be {words}, got {value}")
         if self.codec_turns not in ("auto", "always", "never"):
             raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
+        if self.backend not in ("auto", "cpu", "cuda", "vulkan"):
+            raise ConfigError(f"backend must be 'auto', 'cpu', 'cuda' or 'vulkan', got {self.backend!r}")
         if self.sampler not in ("native", "numpy"):
             raise ConfigError(f"sampler must be 'native' or 'numpy', got {self.sampler!r}")
         for item in self.kernels:

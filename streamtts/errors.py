@@ -77,6 +77,10 @@ class NativeLibraryError(StreamTTSError):
     """The llama.cpp bridge library is missing or could not be loaded."""
 
 
+class DeviceMemoryError(ConfigError):
+    """The backbone does not fit in the memory of the device its layers were to go to."""
+
+
 # -- runtime ------------------------------------------------------------------------
 
 

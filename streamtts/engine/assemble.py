@@ -149,13 +149,18 @@ def _take_turns(cfg: EngineConfig, codec: StreamingCodec | WindowedCodec, on_gpu
 
 
 def _layers_on_gpu(cfg: EngineConfig) -> bool:
+    """The layers will run on a GPU backend: a CUDA or Vulkan build with a device besides the
+    CPU, and n_gpu_layers not 0 (decided before the load picks its file; the load's own
+    report, Backbone.placement, is checked against it in build_runtime)."""
     from ..errors import NativeLibraryError
     from ..model import _llama
 
     if cfg.n_gpu_layers == 0:
         return False
     try:
-        return "cuda build" in _llama.bridge_version()
+        if _llama.loaded_backend() not in ("cuda", "vulkan"):
+            return False
+        return any(d["type"] != "cpu" for d in _llama.devices())
     except NativeLibraryError:
         return False  # the backbone reports the missing library when it loads
 
@@ -174,6 +179,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         raise ConfigError("audio_backend 'torch' is not supported (streamtts serves without PyTorch): use onnx or trt")
     if cfg.blas_threads > 0:
         threadpool_limits(limits=cfg.blas_threads, user_api="blas")
+    _llama.use_backend(cfg.backend)  # before anything loads the bridge
     mc = find_model_config(cfg)
     ids = load_token_ids(mc)
     # explicit fused_gguf, else one found or written next to the backbone (fused_heads)
@@ -209,9 +215,17 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     tokenizer = HFTokenizer(cfg.tokenizer_dir)
     if cfg.log_llama and backbone_factory is None:
         _llama.set_llama_log(True)
+    on_gpu = _layers_on_gpu(cfg)
     backbone = (backbone_factory or Backbone)(params)
     heads: AudioHeads | None = None
     try:
+        placement = getattr(backbone, "placement", None)
+        if placement is not None and placement.on_gpu != on_gpu:
+            log.warning(
+                "llama.cpp put the layers %s, not %s as the engine expected: %s",
+                "on a GPU" if placement.on_gpu else "on the CPU",
+                "on a GPU" if on_gpu else "on the CPU", placement.line(),
+            )  # fmt: skip
         cols = [ids.gen_slot, ids.delay_slot]
         if fused_path:
             from ..model.fused import fused_columns
@@ -228,7 +242,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         before = thread_ids()  # the codec's runtime starts its worker threads on load
         codec = _codec(cfg, ids, load_decoder, load_streaming_decoder)
         codec_threads = frozenset(thread_ids() - before)
-        turns = CoreTurns(_take_turns(cfg, codec, on_gpu=_layers_on_gpu(cfg)))
+        turns = CoreTurns(_take_turns(cfg, codec, on_gpu=on_gpu))
         worker = DecodeWorker(codec, nice=cfg.codec_nice, codec_threads=codec_threads, turns=turns)
         kernels = Kernels.from_config(cfg)  # the one choice of spec or compiled twin per kernel
         core = EngineCore(cfg, ids, backbone, embedder, heads, worker, kernels=kernels, fused_heads=fused)
@@ -247,6 +261,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     info = {
         **_model_name(cfg, gguf),
         "backbone": gguf,
+        **(placement.info() if placement is not None else {}),
         "kv_cache_mib_per_stream": round(kv_stream / 2**20, 1),
         "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),
         "heads": "fused (llama.cpp)" if fused else ("numpy (text rows only in llama.cpp)" if fused_path else "numpy"),
@@ -266,9 +281,9 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         ),
     }
     log.info(
-        "engine ready: %s heads, %d streams x %d KV cells (%.1f MiB each, %.1f MiB total), "
-        "%d threads, codec %s",
-        info["heads"], streams, backbone.n_ctx_seq, info["kv_cache_mib_per_stream"],
+        "engine ready: backbone on %s; %s heads, %d streams x %d KV cells (%.1f MiB each, "
+        "%.1f MiB total), %d threads, codec %s",
+        placement.line() if placement is not None else "?", info["heads"], streams, backbone.n_ctx_seq, info["kv_cache_mib_per_stream"],
         info["kv_cache_mib_total"], threads, _codec_line(worker, cfg),
     )
     return Runtime(ids=ids, backbone=backbone, decoder=worker, core=core, preparer=preparer, info=info)

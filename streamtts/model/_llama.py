@@ -9,10 +9,10 @@ a C file changes, this file changes with it. Every struct mirrored here is defin
 each with its ctypes mirror and names the one that differs.
 
 Discovery: ``STREAMTTS_BRIDGE_LIB`` (a file) wins; otherwise the pointers build.sh
-writes, ``<cache>/native/current-cuda`` and ``current-cpu``, with
-``<cache> = $STREAMTTS_CACHE or $XDG_CACHE_HOME/streamtts or ~/.cache/streamtts``.
-``STREAMTTS_CUDA=1`` requires the CUDA build, ``STREAMTTS_CUDA=0`` the CPU build;
-unset, a CUDA build is preferred when it exists and loads.
+writes, ``<cache>/native/current-{cuda,vulkan,cpu}``, with
+``<cache> = $STREAMTTS_CACHE or $XDG_CACHE_HOME/streamtts or ~/.cache/streamtts``,
+chosen as :mod:`streamtts.model.backend` says (``STREAMTTS_BACKEND``, the config key
+``backend``; auto: CUDA, then Vulkan with a GPU, then CPU).
 
 ``ctypes.CDLL`` releases the GIL for the duration of every call.
 """
@@ -33,7 +33,10 @@ from ..paths import cache_dir
 log = logging.getLogger(__name__)
 
 BRIDGE_NAME = "libstreamtts_bridge.so"
-BUILD_HINT = "build it with `native/build.sh` (CUDA: `STREAMTTS_CUDA=1 native/build.sh`)"
+BUILD_HINT = (
+    "build it with `native/build.sh` (CUDA: `STREAMTTS_CUDA=1 native/build.sh`, "
+    "Vulkan: `STREAMTTS_VULKAN=1 native/build.sh`)"
+)
 
 # Status codes returned (negative) by the bridge; 0 or a count means success.
 STT_OK = 0
@@ -252,6 +255,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("stt_set_log_forward", None, [c_int32])
     # const char *stt_system_info(void);
     fn("stt_system_info", c_char_p, [])
+    # const char *stt_placement(const stt_ctx *c);
+    fn("stt_placement", c_char_p, [c_void_p])
+    # int32_t stt_devices(char *buf, int32_t len);   (native/devices.c)
+    fn("stt_devices", c_int32, [ctypes.c_char_p, c_int32])
     # stt_delay_step: prototype above DELAY_STEP_ARGS
     fn("stt_delay_step", c_int32, DELAY_STEP_ARGS)
     # int32_t stt_frames_push(const stt_frames *fa, const int64_t *slots, int32_t n_b,
@@ -282,16 +289,17 @@ def _variant_lib(variant: str) -> Path:
 
 
 def candidate_paths() -> list[tuple[str, Path]]:
-    """(variant, path) pairs to try, best first, following the environment."""
+    """(variant, path) pairs to try, best first, following the environment and the
+    config key (model/backend.py)."""
+    from . import backend
+
     env = os.environ.get("STREAMTTS_BRIDGE_LIB")
     if env:
         return [("env", Path(env).expanduser())]
-    want = os.environ.get("STREAMTTS_CUDA", "")
-    if want == "1":
-        return [("cuda", _variant_lib("cuda"))]
-    if want == "0":
-        return [("cpu", _variant_lib("cpu"))]
-    return [("cuda", _variant_lib("cuda")), ("cpu", _variant_lib("cpu"))]
+    want, _ = backend.wanted()
+    if want != "auto":
+        return [(want, _variant_lib(want))]
+    return [(v, _variant_lib(v)) for v in backend.VARIANTS]
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -326,11 +334,19 @@ _lib_path: Path | None = None
 
 def open_bridge() -> tuple[ctypes.CDLL, Path]:
     """Find and load the bridge following the environment (not cached; see load_bridge)."""
+    from . import backend
+
     tried: list[str] = []
     errors: list[NativeLibraryError] = []
+    want, who = backend.wanted()
     for variant, path in candidate_paths():
         if not path.is_file():
+            if want != "auto" and variant == want:
+                raise backend.missing_build(variant, who, path)
             tried.append(f"{path} ({variant}: missing)")
+            continue
+        if variant == "vulkan" and not backend.prepare_vulkan(who, strict=want == "vulkan"):
+            tried.append(f"{path} (vulkan: no Vulkan GPU; `STREAMTTS_BACKEND=vulkan` takes a CPU-type device)")
             continue
         try:
             return _open(path), path.resolve()
@@ -358,6 +374,44 @@ def load_bridge() -> ctypes.CDLL:
             _lib, _lib_path = open_bridge()
             log.info("llama.cpp bridge: %s - %s", _lib_path, bridge_version(_lib))
         return _lib
+
+
+def loaded_backend() -> str:
+    """cpu, cuda or vulkan: the variant of the loaded bridge (from its build's version line)."""
+    version = bridge_version()
+    for v in ("cuda", "vulkan", "cpu"):
+        if f"{v} build" in version:
+            return v
+    return "cpu"
+
+
+def use_backend(name: str) -> None:
+    """Apply the config key ``backend`` before the bridge loads; once loaded, a different
+    build cannot replace it in this process (its libraries share names)."""
+    from . import backend
+
+    backend.request(name)
+    if _lib is None:
+        return
+    want, who = backend.wanted()
+    have = loaded_backend()
+    if want != "auto" and want != have:
+        raise NativeLibraryError(
+            f"{who}, but this process already loaded the {have} build of the llama.cpp bridge "
+            f"({_lib_path}); one build per process: start a new one"
+        )
+
+
+def devices() -> list[dict[str, Any]]:
+    """The compute devices the loaded build registered: name, description, type (cpu, gpu,
+    igpu, accel), free and total bytes (ggml-backend's registry, native/devices.c)."""
+    buf = ctypes.create_string_buffer(16384)
+    n = int(load_bridge().stt_devices(buf, len(buf)))
+    out: list[dict[str, Any]] = []
+    for line in buf.value.decode("utf-8", "replace").splitlines()[: max(n, 0)]:
+        name, desc, kind, free, total = line.split("\t")
+        out.append({"name": name, "description": desc, "type": kind, "free": int(free), "total": int(total)})
+    return out
 
 
 def loaded_path() -> Path | None:

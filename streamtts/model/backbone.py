@@ -31,9 +31,10 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import BackboneError, ConfigError, ModelFileError
+from ..errors import BackboneError, ConfigError, DeviceMemoryError, ModelFileError
 from . import _llama
 from ._llama import STT_E_INVALID, STT_E_MODEL
+from .placement import Placement, parse_placement
 from .threads import physical_cores
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,8 @@ class Backbone:
         )
         if not handle:
             msg = err.value.decode("utf-8", "replace")
+            if "unable to allocate" in msg or "failed to allocate" in msg:
+                raise DeviceMemoryError(_too_big(path, params, msg))
             if status.value == STT_E_MODEL:
                 raise ModelFileError(path, "a GGUF model llama.cpp can load", msg)
             raise BackboneError("create", status.value, msg)
@@ -171,12 +174,16 @@ class Backbone:
         self._bound_out_rows = 0
         self._bound_strides = (0, 0)
         self._bound_cols = 0
+        raw = lib.stt_placement(h)
+        self.placement: Placement = parse_placement(
+            raw.decode("utf-8", "replace") if raw else "", _llama.loaded_backend(), _llama.devices()
+        )
         log.info(
             "backbone %s: n_embd=%d n_vocab=%d n_ctx=%d (per sequence %d) n_seq_max=%d n_batch=%d "
-            "threads=%d flash_attn=%s kv=%s/%s gpu_layers=%d thread_poll=%s [%s]",
+            "threads=%d flash_attn=%s kv=%s/%s gpu_layers=%d thread_poll=%s [%s; %s]",
             path.name, self.n_embd, self.n_vocab, self.n_ctx, self.n_ctx_seq, self.n_seq_max,
             self.n_batch, self.n_threads, params.flash_attn, params.type_k, params.type_v,
-            params.n_gpu_layers, params.thread_poll, _llama.bridge_version(lib),
+            params.n_gpu_layers, params.thread_poll, _llama.bridge_version(lib), self.placement.line(),
         )  # fmt: skip
 
     @staticmethod
@@ -512,6 +519,18 @@ class Backbone:
                 STT_E_INVALID,
                 f"{name} has shape {a.shape}, needs at least ({rows}, {cols}) rows and exactly {cols} columns",
             )
+
+
+def _too_big(path: Path, params: BackboneParams, msg: str) -> str:
+    """One line for a model (or KV cache) larger than the memory it was to go to."""
+    gpus = [d for d in _llama.devices() if d["type"] != "cpu"]
+    where = ", ".join(f"{d['name']} ({d['description']}) {int(d['free']) / 2**20:.0f} MiB free" for d in gpus)
+    advice = "offload fewer layers (n_gpu_layers), shrink n_ctx or max_streams" if gpus else "shrink n_ctx or max_streams"
+    return (
+        f"{path.name} with n_ctx {params.n_ctx} does not fit in the {'device' if gpus else 'host'}'s memory "
+        f"({where + '; ' if where else ''}{path.stat().st_size / 2**20:.0f} MiB of weights): llama.cpp: "
+        f"{' '.join(msg.split())}; {advice}, or use a smaller quantization"
+    )
 
 
 def _offset(p: int | None, nbytes: int) -> int | None:

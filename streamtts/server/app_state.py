@@ -94,6 +94,7 @@ class ServerState:
             lambda: engine.queued_streams,
             lambda: engine.prefix_cache_info() if hasattr(engine, "prefix_cache_info") else {},
             lambda: 1.0 if voices.available else 0.0,
+            lambda: dict(getattr(engine, "info", None) or {}),
         )
         self.drain = Drain(self.metrics, settings.drain_timeout_s)
         self.sessions = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-__all__ = ["Counter", "Gauge", "Histogram", "Registry", "ServerMetrics"]
+__all__ = ["Counter", "Gauge", "Histogram", "InfoGauge", "Registry", "ServerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -94,6 +94,21 @@ class Gauge(_Metric):
         yield f"{self.name} {_fmt(self._fn() if self._fn is not None else self.value)}"
 
 
+class InfoGauge(_Metric):
+    """A constant 1 whose labels carry text read at scrape time (Prometheus' *_info idiom)."""
+
+    kind = "gauge"
+
+    def __init__(self, name: str, help: str, labels: Callable[[], LabelKey]) -> None:
+        super().__init__(name, help)
+        self._labels = labels
+
+    def samples(self) -> Iterable[str]:
+        key = self._labels()
+        if key:
+            yield f"{self.name}{_labels(key)} 1"
+
+
 class Histogram(_Metric):
     kind = "histogram"
 
@@ -141,8 +156,28 @@ class ServerMetrics:
         queued: Callable[[], float],
         prefix: Callable[[], dict[str, int]] = dict,
         voice_store_up: Callable[[], float] = lambda: 1.0,
+        engine_info: Callable[[], dict[str, object]] = dict,
     ) -> None:
         r = self.registry = Registry()
+        self.backbone_info = InfoGauge(
+            "streamtts_backbone_info",
+            "Where the backbone runs: the llama.cpp build (backend) and device llama.cpp reported.",
+            lambda: tuple(
+                (k, str(engine_info()[k]))
+                for k in ("backend", "device", "device_description")
+                if k in engine_info()
+            ),
+        )
+        self.layers_offloaded = Gauge(
+            "streamtts_backbone_layers_offloaded",
+            "Backbone layers llama.cpp put on a GPU device (0 on the CPU).",
+            lambda: float(str(engine_info().get("layers_offloaded", 0))),
+        )
+        self.device_memory = Gauge(
+            "streamtts_backbone_device_memory_bytes",
+            "Device memory the backbone's buffers take (model, KV cache, compute; 0 on the CPU).",
+            lambda: float(str(engine_info().get("device_memory_mib", 0))) * 2**20,
+        )
         self.active_streams = Gauge(
             "streamtts_active_streams", "Streams holding an engine slot.", active
         )
@@ -200,6 +235,9 @@ class ServerMetrics:
             voice_store_up,
         )
         for m in (
+            self.backbone_info,
+            self.layers_offloaded,
+            self.device_memory,
             self.prefix_hits,
             self.prefix_misses,
             self.prefix_bytes,

@@ -46,6 +46,12 @@ async def info(request: Request) -> Response:
             "demo": demo,
             "notice": DEMO_NOTICE if demo else None,
             "ready": bool(state.ready),
+            # where the backbone runs, as llama.cpp reported it (model/placement.py)
+            "backbone": {
+                k: engine_info[k]
+                for k in ("backend", "device", "device_description", "layers_offloaded", "layers_total", "device_memory_mib")
+                if k in engine_info
+            },
         }
     )
 

@@ -38,6 +38,17 @@ def test_info_names_the_demo_model(server: Any) -> None:
     assert "tones, not words" in info["notice"]
 
 
+def test_info_and_metrics_say_where_the_backbone_runs(server: Any) -> None:
+    """As llama.cpp reported its load: the suite's process runs the CPU build (auto)."""
+    bb = httpx.get(server.http + "/v1/info", timeout=10).json()["backbone"]
+    assert bb["backend"] == "cpu" and bb["device"] == "CPU" and bb["layers_offloaded"] == 0
+    assert bb["device_memory_mib"] == 0
+    text = server.metrics()
+    assert 'streamtts_backbone_info{backend="cpu",device="CPU",device_description="' in text
+    assert server.metric("streamtts_backbone_layers_offloaded") == 0
+    assert server.metric("streamtts_backbone_device_memory_bytes") == 0
+
+
 def test_favicon(server: Any) -> None:
     for path in ("/favicon.ico", "/static/favicon.svg"):
         r = httpx.get(server.http + path, timeout=10)
