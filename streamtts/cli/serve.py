@@ -174,7 +174,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     from ..engine.frontend import Engine
     from ..server.app import create_app
-    from ..server.drain import DrainingServer
+    from ..server.draining_server import DrainingServer
     from ..server.uvicorn_ws import WebSocketProtocol
     from .common import demo_notice
 

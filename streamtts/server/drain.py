@@ -14,7 +14,7 @@ Started by SIGTERM (what ``docker stop`` and Kubernetes send) or ``POST /admin/d
 3. At ``drain_timeout_s`` whatever is still running is cut: ``error`` ``server_shutdown``
    (fatal) and close 1001 on a WebSocket, an ``error`` event (SSE) or an incomplete body
    (raw audio) on HTTP. Counted in ``streamtts_drain_streams_cut_total``.
-4. The process exits 0 (``DrainingServer``): uvicorn closes the listener, the engine stops.
+4. The process exits 0 (``DrainingServer``, in ``draining_server.py``): uvicorn closes the listener, the engine stops.
 
 ``streamtts_draining`` is 1 from step 1 on.
 """
@@ -24,12 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable, Iterator
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
-
-import uvicorn
+from typing import TYPE_CHECKING, Protocol
 
 from .protocol import CloseCode, Error, ErrorCode, encode
 
@@ -40,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Drain", "Drainable", "DrainingServer", "HttpStream", "refuse_websocket"]
+__all__ = ["Drain", "Drainable", "HttpStream", "refuse_websocket"]
 
 POLL_S = 0.1  # how often quiet sessions are looked for
 # After the cut: time for the error and close frames to go out. They queue behind audio already
@@ -192,32 +188,3 @@ async def refuse_websocket(ws: WebSocket, drain: Drain) -> None:
     with contextlib.suppress(Exception):
         await ws.send_text(encode(msg))
         await ws.close(CloseCode.TRY_AGAIN_LATER, "draining")
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, except that SIGTERM drains (see the module doc) before it stops.
-
-    SIGINT (Ctrl+C) still stops at once, as uvicorn does. uvicorn re-raises the signals it
-    handled once it has shut down; SIGTERM is not recorded, so a drained server exits 0.
-    """
-
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
-        super().__init__(config)
-        self.drain = drain
-        drain.on_finished = self._drained
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def serve(self, sockets: Any = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets=sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and self._loop is not None and not self.should_exit:
-            # A signal handler runs between two bytecodes of the loop's thread: hand over.
-            self._loop.call_soon_threadsafe(self.drain.start, "SIGTERM")
-            return
-        super().handle_exit(sig, frame)
-
-    def _drained(self) -> None:
-        self.config.timeout_graceful_shutdown = EXIT_GRACE_S if self.drain.cut else FLUSH_GRACE_S
-        self.should_exit = True
