@@ -32,7 +32,7 @@ from ..constants import FRAME_S
 from ..core.frames import FrameAssembler
 from ..core.tokens import TokenIds
 from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
-from ..kernels import Kernels
+from ..kernels import Kernels, SpecDelayStep, SpecFramePush, SpecStepEmbed
 from ..model.backbone import KV_PAD
 from ..model.tables import AudioHeads, Embedder
 from ..request import PreparedRequest
@@ -159,11 +159,13 @@ class EngineCore:
         assert audio_all.size == 0 or np.shares_memory(audio_all, audio_base)
         self._slot_buf = np.zeros(2 * cap, dtype=np.int64)
         self._step = kernels.bind_delay_step(
-            self.states, self._slot_buf, self.logits[:, :2], audio_all, self._out, self._full_text_logits
+            SpecDelayStep(self.states, self._slot_buf, self.logits[:, :2], audio_all, self._out, self._full_text_logits)
         )
-        self._push = kernels.bind_frame_push(self.assembler, self._slot_buf, self._out[:, 1:])
+        self._push = kernels.bind_frame_push(SpecFramePush(self.assembler, self._slot_buf, self._out[:, 1:]))
         self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
-        self._embed = None if embedder is None else kernels.bind_step_embed(embedder, self._slot_buf, self.next_rows, self.embd)
+        self._embed = (
+            None if embedder is None else kernels.bind_step_embed(SpecStepEmbed(embedder, self._slot_buf, self.next_rows, self.embd))
+        )
         self._empty = np.zeros((0, k), dtype=np.int64)
         self._arange = np.arange(rows_max, dtype=np.int32)
         self._slot_ids = np.arange(cap, dtype=np.int64)

@@ -16,11 +16,11 @@ import ctypes
 
 import numpy as np
 
-from ..core.delay_state import DelayStates
 from ..core.sampling import AUDIO_STREAM, TEXT_STREAM, stream_salt
 from ..errors import NonFiniteLogitsError
 from ..model._llama import SttDelayStates, ptr
-from .entries import DelayStep, Unreadable, check_range
+from .entries import Unreadable, check_range
+from .spec import SpecDelayStep
 
 _DONE, _NEEDS_TEXT, _BAD_SLOTS, _BAD_TEXT, _BAD_AUDIO = 0, 1, 2, 3, 4
 
@@ -32,16 +32,8 @@ class DelayStepTwin:
 
     compiled = True
 
-    def __init__(
-        self,
-        lib: ctypes.CDLL,
-        states: DelayStates,
-        slots: np.ndarray,
-        pair: np.ndarray,
-        audio: np.ndarray,
-        out: np.ndarray,
-        spec: DelayStep,
-    ) -> None:
+    def __init__(self, lib: ctypes.CDLL, spec: SpecDelayStep) -> None:
+        states, slots, pair, audio, out = spec.states, spec.slots, spec.pair, spec.audio, spec.out
         k, a = states.n_vq, states.n_audio
         r = slots.shape[0] if slots.ndim == 1 else -1
         if slots.dtype != np.int64 or not slots.flags.c_contiguous:

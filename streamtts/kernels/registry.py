@@ -15,15 +15,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-import numpy as np
-
 from ..config import KERNEL_NAMES, EngineConfig
 from ..core.delay_state import DelayStates
-from ..core.frames import FrameAssembler
 from ..core.sampling import RowSampler, sample_rows
 from ..core.tokens import TokenIds
 from ..errors import ConfigError
-from ..model.tables import Embedder
 from .entries import DelayStep, FramePush, StepEmbed, Unreadable
 from .spec import SpecDelayStep, SpecFramePush, SpecStepEmbed
 from .split import RowSplit, SplitDelayStep, SplitStepEmbed, auto_threads
@@ -105,46 +101,34 @@ class Kernels:
         """The state machine for ``capacity`` streams, sampling with this row sampler."""
         return DelayStates(capacity, ids, self.row_sampler, strided_rows="row_sampler" in self.twins)
 
-    def bind_delay_step(
-        self,
-        states: DelayStates,
-        slots: np.ndarray,
-        pair: np.ndarray,
-        audio: np.ndarray,
-        out: np.ndarray,
-        full_text: Callable[[int], np.ndarray],
-    ) -> DelayStep:
-        """``states``' step on rows of ``slots`` (R,) int64, ``pair`` (R, 2) and ``audio``
-        (R, K, A) float32 logits, ``out`` (R, 1 + K) int64; ``full_text(i)`` is bound row i's
-        full text logits (only asked for outside audio mode)."""
-        spec = SpecDelayStep(states, slots, pair, audio, out, full_text)
+    def bind_delay_step(self, spec: SpecDelayStep) -> DelayStep:
+        """The delay step on ``spec``'s buffers: the spec, or its twin (cut across threads
+        when ``tick_threads`` > 1)."""
         if "delay_step" not in self.twins:
             return spec
         from .delay_step import DelayStepTwin
 
-        step = self._twin("delay_step", spec, lambda: DelayStepTwin(self._bridge, states, slots, pair, audio, out, spec))
+        step = self._twin("delay_step", spec, lambda: DelayStepTwin(self._bridge, spec))
         if isinstance(step, DelayStepTwin) and self.split.threads > 1:
             return SplitDelayStep(step, self.split)
         return step
 
-    def bind_frame_push(self, assembler: FrameAssembler, slots: np.ndarray, rows: np.ndarray) -> FramePush:
-        """``assembler``'s push of ``rows`` (R, K) int64 to the slots in ``slots`` (R,) int64."""
-        spec = SpecFramePush(assembler, slots, rows)
+    def bind_frame_push(self, spec: SpecFramePush) -> FramePush:
+        """The frame push on ``spec``'s buffers: the spec, or its twin."""
         if "frame_push" not in self.twins:
             return spec
         from .frame_push import FramePushTwin
 
-        return self._twin("frame_push", spec, lambda: FramePushTwin(self._bridge, assembler, slots, rows))
+        return self._twin("frame_push", spec, lambda: FramePushTwin(self._bridge, spec.assembler, spec.slots, spec.rows))
 
-    def bind_step_embed(self, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> StepEmbed:
-        """``embedder`` on ``rows[slots[b]]`` ((N, 1 + K) int64 rows, (R,) int64 slots) into
-        ``out[b]`` ((R, n_embd) float32)."""
-        spec = SpecStepEmbed(embedder, slots, rows, out)
+    def bind_step_embed(self, spec: SpecStepEmbed) -> StepEmbed:
+        """The step embedding on ``spec``'s buffers: the spec, or its twin (cut across threads
+        when ``tick_threads`` > 1)."""
         if "step_embed" not in self.twins:
             return spec
         from .embed import StepEmbedTwin
 
-        embed = self._twin("step_embed", spec, lambda: StepEmbedTwin(self._bridge, embedder, slots, rows, out))
+        embed = self._twin("step_embed", spec, lambda: StepEmbedTwin(self._bridge, spec.embedder, spec.slots, spec.rows, spec.out))
         if isinstance(embed, StepEmbedTwin) and self.split.threads > 1:
             return SplitStepEmbed(embed, self.split)
         return embed

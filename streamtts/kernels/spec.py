@@ -1,5 +1,6 @@
 """The specifications as kernel entries: the NumPy code of ``core/`` and ``model/tables.py``
-on the same bound buffers as the twins, so a caller never asks which one it has."""
+on buffers bound once. A caller binds the spec; :class:`~streamtts.kernels.Kernels` hands
+back it or its twin on the same buffers, so the caller never asks which one it has."""
 
 from __future__ import annotations
 
@@ -28,13 +29,14 @@ class SpecDelayStep:
         out: np.ndarray,
         full_text: Callable[[int], np.ndarray],
     ) -> None:
-        self._states, self._slots, self._pair, self._audio, self._out = states, slots, pair, audio, out
-        self._full = full_text
+        # the bound buffers, which a twin built from this spec reads too
+        self.states, self.slots, self.pair, self.audio, self.out = states, slots, pair, audio, out
+        self.full_text = full_text
 
     def __call__(self, lo: int, hi: int) -> None:
-        check_range(lo, hi, self._slots.shape[0])
-        full = self._full if lo == 0 else (lambda b: self._full(lo + b))
-        self._states.step(self._slots[lo:hi], self._pair[lo:hi], self._audio[lo:hi], full, out=self._out[lo:hi])
+        check_range(lo, hi, self.slots.shape[0])
+        full = self.full_text if lo == 0 else (lambda b: self.full_text(lo + b))
+        self.states.step(self.slots[lo:hi], self.pair[lo:hi], self.audio[lo:hi], full, out=self.out[lo:hi])
 
 
 class SpecFramePush:
@@ -44,14 +46,14 @@ class SpecFramePush:
 
     def __init__(self, assembler: FrameAssembler, slots: np.ndarray, rows: np.ndarray) -> None:
         r, k = slots.shape[0], assembler.n_vq
-        self._assembler, self._slots, self._rows = assembler, slots, rows
+        self.assembler, self.slots, self.rows = assembler, slots, rows
         self.frames = np.zeros((r, k), dtype=np.int64)
         self.ready = np.zeros(r, dtype=np.bool_)
         self.index = np.zeros(r, dtype=np.int64)
 
     def __call__(self, lo: int, hi: int) -> int:
-        check_range(lo, hi, self._slots.shape[0])
-        _, ready, index = self._assembler.push(self._slots[lo:hi], self._rows[lo:hi], frames_out=self.frames[lo:hi])
+        check_range(lo, hi, self.slots.shape[0])
+        _, ready, index = self.assembler.push(self.slots[lo:hi], self.rows[lo:hi], frames_out=self.frames[lo:hi])
         self.ready[lo:hi] = ready
         self.index[lo:hi] = index
         return int(np.count_nonzero(ready))
@@ -63,12 +65,12 @@ class SpecStepEmbed:
     compiled = False
 
     def __init__(self, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-        self._embedder, self._slots, self._rows, self._out = embedder, slots, rows, out
+        self.embedder, self.slots, self.rows, self.out = embedder, slots, rows, out
         self._n_max = min(slots.shape[0], out.shape[0])
         self._gathered = np.zeros((self._n_max, rows.shape[1]), dtype=np.int64)
 
     def __call__(self, lo: int, hi: int) -> None:
         check_range(lo, hi, self._n_max)
         g = self._gathered[lo:hi]
-        np.take(self._rows, self._slots[lo:hi], axis=0, out=g, mode="clip")  # "clip": no buffered copy
-        self._embedder(g, out=self._out[lo:hi])
+        np.take(self.rows, self.slots[lo:hi], axis=0, out=g, mode="clip")  # "clip": no buffered copy
+        self.embedder(g, out=self.out[lo:hi])

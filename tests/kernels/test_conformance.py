@@ -31,7 +31,7 @@ from streamtts.core.delay import delay_layout
 from streamtts.core.frames import FrameAssembler
 from streamtts.core.tokens import TokenIds
 from streamtts.errors import NonFiniteLogitsError
-from streamtts.kernels import TABLE, Kernels
+from streamtts.kernels import TABLE, Kernels, SpecDelayStep, SpecFramePush, SpecStepEmbed
 from streamtts.model.tables import Embedder
 
 REAL = TokenIds()
@@ -180,7 +180,7 @@ def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
         row[ids.audio_start] += 10.0 if wide else 2.0
         return row
 
-    step = kernels.bind_delay_step(states, slot_buf, logits[:, :2], audio, out, full_text)
+    step = kernels.bind_delay_step(SpecDelayStep(states, slot_buf, logits[:, :2], audio, out, full_text))
     run = Run(compiled=step.compiled)
     live = [int(s) for s in rng.permutation(cap)[: int(rng.integers(1, cap + 1))]]
 
@@ -238,7 +238,7 @@ def drive_frame_push(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
     asm = FrameAssembler(cap, k, pad)
     slot_buf = np.zeros(cap, np.int64)
     out = np.full((cap, 1 + k), -7, np.int64)  # the engine's rows: codes after a text column
-    push = kernels.bind_frame_push(asm, slot_buf, out[:, 1:])
+    push = kernels.bind_frame_push(SpecFramePush(asm, slot_buf, out[:, 1:]))
     run = Run(compiled=push.compiled)
     for _life in range(2):
         streams = [_row_stream(rng, k, pad) for _ in range(int(rng.integers(1, cap + 1)))]
@@ -274,7 +274,7 @@ def drive_step_embed(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
     rows = np.zeros((cap, 1 + k), np.int64)  # the engine's next rows, one per slot
     slots = np.zeros(2 * cap, np.int64)
     out = np.full((cap + 3, emb.n_embd), np.nan, np.float32)
-    embed = kernels.bind_step_embed(emb, slots, rows, out)
+    embed = kernels.bind_step_embed(SpecStepEmbed(emb, slots, rows, out))
     run = Run(compiled=embed.compiled)
     for step in range(p["steps"]):
         rows[:, 0] = rng.integers(0, text_rows, cap)

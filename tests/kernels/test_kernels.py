@@ -19,7 +19,7 @@ from streamtts.core.frames import FrameAssembler
 from streamtts.core.sampling import sample_rows
 from streamtts.core.tokens import TokenIds
 from streamtts.errors import ConfigError, NativeLibraryError, NonFiniteLogitsError
-from streamtts.kernels import Kernels, select_twins
+from streamtts.kernels import Kernels, SpecDelayStep, SpecFramePush, SpecStepEmbed, select_twins
 from streamtts.model import _llama
 from streamtts.model.tables import Embedder
 from streamtts.request import StreamOptions
@@ -108,7 +108,7 @@ def test_delay_twin_errors_leave_the_states_unchanged(bridge_lib: Any) -> None:
     states = _states(kernels, ids, cap)
     slots, pair = np.zeros(cap, np.int64), np.zeros((cap, 2), np.float32)
     audio, out = np.zeros((cap, ids.n_vq, ids.audio_rows), np.float32), np.zeros((cap, 1 + ids.n_vq), np.int64)
-    step = kernels.bind_delay_step(states, slots, pair, audio, out, lambda i: np.zeros(1, np.float32))
+    step = kernels.bind_delay_step(SpecDelayStep(states, slots, pair, audio, out, lambda i: np.zeros(1, np.float32)))
     assert step.compiled
     before = {n: getattr(states, n).copy() for n in STATE}
     for bad in ([0, 0], [-1, 0], [0, 4]):
@@ -137,24 +137,24 @@ def test_buffers_a_twin_cannot_read_leave_the_kernel_to_its_spec(bridge_lib: Any
     kernels = Kernels(ALL, bridge_lib)
     states = kernels.delay_states(cap, ids)
     full = lambda i: np.zeros(1, np.float32)  # noqa: E731
-    assert kernels.bind_delay_step(states, *ok, full).compiled
+    assert kernels.bind_delay_step(SpecDelayStep(states, *ok, full)).compiled
     for i, bad in enumerate((np.zeros(cap, np.int32), np.zeros((3, 2), np.float32), np.zeros((cap, k, a), np.float64), np.zeros((cap, 1 + k), np.int32))):
         args = list(ok)
         args[i] = bad
         fresh = Kernels({"delay_step"}, bridge_lib)
-        assert not fresh.bind_delay_step(states, *args, full).compiled, i
+        assert not fresh.bind_delay_step(SpecDelayStep(states, *args, full)).compiled, i
         assert fresh.describe()["delay_step"] == "numpy" and "delay_step" in fresh.fallbacks
     asm = FrameAssembler(cap, k, ids.audio_pad_code)
-    assert kernels.bind_frame_push(asm, ok[0], ok[3][:, 1:]).compiled
-    assert not Kernels({"frame_push"}, bridge_lib).bind_frame_push(asm, ok[0], ok[3][:, 1::2]).compiled
-    assert not Kernels({"frame_push"}, bridge_lib).bind_frame_push(asm, ok[0].astype(np.int32), ok[3][:, 1:]).compiled
+    assert kernels.bind_frame_push(SpecFramePush(asm, ok[0], ok[3][:, 1:])).compiled
+    assert not Kernels({"frame_push"}, bridge_lib).bind_frame_push(SpecFramePush(asm, ok[0], ok[3][:, 1::2])).compiled
+    assert not Kernels({"frame_push"}, bridge_lib).bind_frame_push(SpecFramePush(asm, ok[0].astype(np.int32), ok[3][:, 1:])).compiled
     emb = _embedder(tmp_path, ids, 8, 10)
     rows, out = np.zeros((cap, 1 + k), np.int64), np.zeros((cap, 8), np.float32)
-    assert kernels.bind_step_embed(emb, ok[0], rows, out).compiled
+    assert kernels.bind_step_embed(SpecStepEmbed(emb, ok[0], rows, out)).compiled
     for bad_args in ((ok[0].astype(np.int32), rows, out), (ok[0], rows[:, :-1], out), (ok[0], rows, out[:, ::2])):
-        assert not Kernels({"step_embed"}, bridge_lib).bind_step_embed(emb, *bad_args).compiled
+        assert not Kernels({"step_embed"}, bridge_lib).bind_step_embed(SpecStepEmbed(emb, *bad_args)).compiled
     emb.text = np.asfortranarray(emb.text)
-    assert not Kernels({"step_embed"}, bridge_lib).bind_step_embed(emb, ok[0], rows, out).compiled
+    assert not Kernels({"step_embed"}, bridge_lib).bind_step_embed(SpecStepEmbed(emb, ok[0], rows, out)).compiled
 
 
 # -- the frame push's and the embedding's twins -------------------------------------------------
@@ -164,7 +164,7 @@ def test_frame_twin_bad_slots_change_nothing(bridge_lib: Any) -> None:
     k, cap = 32, 3
     asm = FrameAssembler(cap, k, 1024)
     slots, rows = np.zeros(cap, np.int64), np.zeros((cap, k), np.int64)
-    push = Kernels({"frame_push"}, bridge_lib).bind_frame_push(asm, slots, rows)
+    push = Kernels({"frame_push"}, bridge_lib).bind_frame_push(SpecFramePush(asm, slots, rows))
     assert push.compiled
     slots[:2] = [0, 3]
     before = (asm.ring.copy(), asm.count.copy())
@@ -188,7 +188,7 @@ def test_embed_twin_bad_slots_and_ids_write_nothing(bridge_lib: Any, tmp_path: P
     ids = SMALL_IDS
     emb = _embedder(tmp_path, ids, 8, 10)
     rows, slots, out = np.zeros((3, 1 + ids.n_vq), np.int64), np.zeros(3, np.int64), np.full((3, 8), 7.0, np.float32)
-    embed = Kernels({"step_embed"}, bridge_lib).bind_step_embed(emb, slots, rows, out)
+    embed = Kernels({"step_embed"}, bridge_lib).bind_step_embed(SpecStepEmbed(emb, slots, rows, out))
     assert embed.compiled
     slots[:2] = [0, 3]
     with pytest.raises(ValueError, match=re.escape("slots must be in [0, 3), got [0, 3]")):
