@@ -30,10 +30,10 @@ boundary can be decided differently.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import NonFiniteLogitsError
 
@@ -177,27 +177,12 @@ class SamplerWorkspace:
         return self._mask[: n * v].reshape(n, v)
 
 
-class RowSampler(Protocol):
-    """What :class:`~streamtts.core.delay_state.DelayStates` calls to sample: :func:`sample_rows`
-    or a faster implementation of the same specification (same tokens for the same
-    uniforms). One that reads strided rows (the compiled one; ``DelayStates(strided_rows=True)``)
-    also takes ``logits`` with more than two axes and any row strides (rows numbered over the
-    leading axes, last axis contiguous), so strided views reach it without a copy."""
-
-    def __call__(
-        self,
-        logits: np.ndarray,
-        temperature: np.ndarray,
-        top_k: np.ndarray,
-        top_p: np.ndarray,
-        u: np.ndarray,
-        *,
-        rows: np.ndarray | None = None,
-        seen: np.ndarray | None = None,
-        penalty: np.ndarray | None = None,
-        out: np.ndarray | None = None,
-        workspace: SamplerWorkspace | None = None,
-    ) -> np.ndarray: ...
+RowSampler = Callable[..., npt.NDArray[np.int64]]
+"""What :class:`~streamtts.core.delay_state.DelayStates` calls to sample: :func:`sample_rows`
+(whose signature it has) or a faster implementation of the same specification (same tokens for the same
+uniforms). One that reads strided rows (the compiled one; ``DelayStates(strided_rows=True)``)
+also takes ``logits`` with more than two axes and any row strides (rows numbered over the
+leading axes, last axis contiguous), so strided views reach it without a copy."""
 
 
 CHUNK_ROWS = 1024
