@@ -6,21 +6,24 @@ takes (:func:`streamtts.timing.words.split_words`: syllables, one per CJK charac
 estimate joins the two:
 
 * the audio becomes a 10 ms energy envelope; hops 35 dB under the loud ones are silence;
-* word boundaries are placed by a dynamic programme over the hops: each word's *voiced* time
-  (silence is free, so pauses need no model) should match its share of the syllables, and a
-  boundary should sit in a low-energy valley (in a silence after a comma or a full stop most
-  of all); boundaries are monotonic and inside the generation's speech;
+  the peaks of its vowel band (nuclei.py) count the syllables heard;
+* word boundaries are placed by a dynamic programme over the hops: each word should span
+  about as many nuclei as it has syllables, its *voiced* time (silence is free, so pauses
+  need no model) should match its share of the units, and a boundary should sit in a
+  low-energy valley (in a silence after a comma or a full stop most of all); boundaries are
+  monotonic and inside the generation's speech;
 * a boundary that falls in a silence splits it: the word before ends where the silence
   starts, the next begins where it ends.
 
 Streaming (:meth:`StreamAligner.push`): a word goes out with the chunk that holds its start,
 never later, and its start is never put back into audio sent before it. Until the
-generation's end is known the speaking rate is unknown: the one near the prior (per script,
-or measured on an earlier generation in the same voice) that best fits the audio so far is
-taken, and the audio beyond the last chunk is assumed valley-like; the words already sent
-stay as sent (the last one's end is re-placed), the rest are placed again on each chunk. At
-the end the remaining words share the remaining speech exactly. Everything here is NumPy on
-the caller's thread (the engine runs it on a worker thread).
+generation's end is known the programme's end is open (the audio so far holds a prefix of
+the text): the speaking rate is the one the nuclei heard so far say, and the audio beyond
+the last chunk is assumed valley-like; a word after punctuation starts where the pause ends,
+once its nucleus is heard; the words already sent stay as sent (the last one's end is
+re-placed), the rest are placed again on each chunk. At the end the remaining words share
+the remaining speech exactly. Everything here is NumPy on the caller's thread (the engine
+runs it on a worker thread).
 """
 
 from __future__ import annotations
@@ -46,25 +49,30 @@ PRIOR_HOPS_PER_CJK = 20.0
 # its expected time.
 W_ENERGY = 2.0
 W_PAUSE = 4.0
-W_DURATION = 3.0
+W_DURATION = 2.5
 # ... and the squared log-ratio of the syllable nuclei a word spans (nuclei.py) to its
 # syllables: a count, whatever the speaking rate
-W_SYL = 3.0
+W_SYL = 8.0
 SYL_EPS = 0.5
 # A hop not heard yet costs what the quietest quarter of the audio so far costs: dearer
 # pulls boundaries into the audio so far (words sent early), cheaper pushes them past it
 # (words sent late); 0, 10, 25 and 50 % were tried on benchmarks/timing_espeak.py.
 UNKNOWN_PCT = 25.0
-# While the end is unknown the rate is searched near the prior (the one whose placement fits
-# the audio so far best), once this much audio is in.
+# While the end is unknown and too few nuclei are heard, the rate is searched near the prior
+# (the one whose placement fits the audio so far best), once this much audio is in.
 RATE_MIN_HOPS = 50
+# Once this many syllable nuclei are heard, the rate is the one they say (_nuclei_rate) ...
 RATE_MIN_NUCLEI = 3.0
-BACK_WORDS = 1
+# ... and with a rate given, how many nuclei a syllable makes is decided after this many:
+# 2 where the rate and the nuclei heard say at least KAPPA_SWITCH (tried on
+# benchmarks/timing_espeak.py: English reads 0.8 to 1.7 early on, eSpeak's Mandarin 1.5 to 2.2)
+KAPPA_MIN_NUCLEI = 4.0
+KAPPA_SWITCH = 1.75
+# A word after punctuation starts where a silence this long ends (a stop's closure is
+# shorter, CLOSURE_HOPS), once its nucleus is heard; with no such silence it waits until the
+# word before has had its expected time and this much more.
 PAUSE_SEEN_HOPS = 12
 PAUSE_WAIT_HOPS = 30
-FIRST_MIN = True
-KAPPA_MIN_NUCLEI = 8.0
-KAPPAS = (1.0, 2.0)
 RATE_FACTORS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.12, 1.25, 1.4, 1.6, 1.8)
 PAUSE_FULL_HOPS = 20  # a silence this long earns the whole punctuation bonus
 MIN_WINDOW_HOPS = 25  # a boundary may move at least this far (voiced hops) from its prior place
@@ -81,24 +89,22 @@ class StreamAligner:
         self.sample_rate = sample_rate
         self.hop = max(1, round(sample_rate * HOP_S))
         self._hop_s = self.hop / sample_rate
-        self.known_rate = hops_per_unit is not None
+        self._kappa_set = hops_per_unit is None  # no rate given: one nucleus a syllable
         if hops_per_unit is None:
             cjk = sum(1 for w in self.words if len(w.text.strip()) >= 1 and _is_cjk_word(w))
             hops_per_unit = PRIOR_HOPS_PER_CJK if cjk * 2 > len(self.words) else PRIOR_HOPS_PER_UNIT
         self.prior = hops_per_unit
-        self._path_costs: list[float] = []
         self._db = np.zeros(0, np.float64)  # per hop, dBFS
         self._band = BandEnvelope(sample_rate, self.hop)  # per hop, vowel-band dB
         self._peaks = np.zeros(0, np.float64)  # per hop: 1 at a syllable nucleus
-        # nuclei per text syllable; None: not known yet (a rate was given, too few nuclei heard)
-        self.kappa: float | None = 1.0
-        self._kappa_set = False
+        # nuclei per text syllable: one, unless a rate measured before says otherwise
+        self.kappa = 1.0
         self._density = 0.0  # nuclei per voiced hop so far
         self._rest = np.zeros(0, np.float32)  # samples short of a whole hop
         self.samples = 0
         self.sent: list[WordTime] = []
         self._pos: int | None = None  # hop where the next unsent word may start
-        self._starts: list[int] = []  # start hop of each word sent
+        self._anchor: int | None = None  # start hop of the last word sent
         self._heard = 0  # hops of audio when words were last placed
         self.finished = False
 
@@ -169,12 +175,11 @@ class StreamAligner:
                     return []
                 return self._even(todo, 0, h)
             self._pos = int(loud[0])
-        # The last words sent are placed again with the rest (their starts stay as sent): the
-        # last one's end was a guess when the audio after it was not there yet, and counting
-        # the nuclei from a few words back keeps one misplaced word from shifting all after
-        # it; the next word's start is never before the last sent one's end.
-        back = min(BACK_WORDS, len(self._starts))
-        start = self._starts[-back] if back else self._pos
+        # The last word sent is placed again with the rest (its start stays as sent): its
+        # end was a guess when the audio after it was not there yet, and the next word's
+        # start follows from where the audio says it ends (never before its sent end).
+        anchored = self._anchor is not None
+        start = self._anchor if self._anchor is not None else self._pos
         if not final and self._pos >= h:  # the words sent last reach past the audio so far
             return []
         if final:
@@ -183,9 +188,9 @@ class StreamAligner:
             end = max(end, min(h, self._pos + len(todo)), self._pos + 1)
         else:
             end = -1
-        words = self.words[len(self.sent) - back : len(self.sent)] + todo
+        words = ([self.words[len(self.sent) - 1]] if anchored else []) + todo
         units = np.array([max(w.units, 0.3) for w in words], np.float64)
-        first_min = self._pos - start if back and FIRST_MIN else 0
+        first_min = self._pos - start if anchored else 0
         prior = None
         if not final:
             # audio longer than every remaining word at the prior: slower than the prior
@@ -197,13 +202,14 @@ class StreamAligner:
             reach = int(np.searchsorted(cum, (voiced + MIN_WINDOW_HOPS) / (self.prior * RATE_FACTORS[0]), "right"))
             n = min(len(words), max(2, reach + 1))
             words, units = words[:n], units[:n]
-            prior = self._fit_nuclei(silent, h)
-            if prior is None:
-                prior = self._fit_rate(words, units, silent, db, thr, ref, start, h, first_min, floor, back)
+            prior = self._nuclei_rate(silent, h)
+            if prior is None:  # too few nuclei heard yet
+                prior = self._fit_rate(words, units, silent, db, thr, ref, start, h, first_min, floor)
             prior = max(prior if prior is not None else self.prior, floor)
-            todo = todo[: n - back]
-        bounds, _ = self._programme(words, units, silent, db, thr, ref, start, end, h, first_min, prior, back)
-        bounds = bounds[back:]
+            todo = todo[: n - (1 if anchored else 0)]
+        bounds, _ = self._programme(words, units, silent, db, thr, ref, start, end, h, first_min, prior)
+        if anchored:
+            bounds = bounds[1:]
         out: list[WordTime] = []
         starts: list[int] = []
         floor = 0  # end of the word before (hops)
@@ -213,7 +219,7 @@ class StreamAligner:
             # points back into audio the client already has without it
             lo = max(self._pos, self._heard, floor)
             k = len(self.sent) + i
-            prev = starts[-1] if starts else (self._starts[-1] if self._starts else None)
+            prev = starts[-1] if starts else self._anchor
             if not final and prev is not None and self.words[k - 1].pause:
                 # after punctuation: the word starts where the pause ends, once it is heard
                 # (the nuclei may have been miscounted; a pause is plain to see)
@@ -238,35 +244,30 @@ class StreamAligner:
             out.append(self._word(w, a, b, out[-1].end if out else None))
         self._heard = h
         if out:
-            self._starts.extend(starts)
+            self._anchor = starts[-1]
             self._pos = max(_hop_of(out[-1].end, self._hop_s), starts[-1] + 1)
         return out
 
-    def _fit_nuclei(self, silent: npt.NDArray[np.bool_], h: int) -> float | None:
-        """While the end is unknown, once a few nuclei are heard: the rate they say. How many
-        nuclei a syllable makes (``kappa``) is 1 unless a rate measured on an earlier
-        generation in the same voice says otherwise (that rate and the nuclei per voiced hop
-        heard so far give it, to the nearest of ``KAPPAS``)."""
+    def _nuclei_rate(self, silent: npt.NDArray[np.bool_], h: int) -> float | None:
+        """While the end is unknown: the speaking rate (voiced hops per unit) the nuclei heard
+        so far say, once there are a few (None before): the text's syllables they make, in
+        units. Given a rate measured on an earlier generation in the same voice, how many
+        nuclei a syllable makes (``kappa``) follows, once a few are heard, from that rate and
+        the nuclei per voiced hop: 1, or 2 where it is clearly more (eSpeak's Mandarin)."""
         heard = float(self._peaks[:h].sum())
-        if self.known_rate and not self._kappa_set:
+        if not self._kappa_set:
             if heard < KAPPA_MIN_NUCLEI:
                 return self.prior
             syl = sum(max(w.syllables, 0.5) for w in self.words)
             units = sum(max(w.units, 0.3) for w in self.words)
             k = self._density * self.prior * units / syl
-            self.kappa = min(KAPPAS, key=lambda c: abs(np.log(c / k)))
+            self.kappa = 2.0 if k >= KAPPA_SWITCH else 1.0
             self._kappa_set = True
         if heard < RATE_MIN_NUCLEI:
             return None
-        return self._nuclei_rate(silent, h)
-
-    def _nuclei_rate(self, silent: npt.NDArray[np.bool_], h: int) -> float | None:
-        """While the end is unknown: the speaking rate the nuclei heard so far say (voiced hops
-        per unit), once there are a few: the text's syllables they cover, in units."""
-        heard = float(self._peaks[:h].sum()) / (self.kappa or 1.0)
-        syl = np.concatenate([[0.0], np.cumsum([max(w.syllables, 0.5) for w in self.words])])
+        syls = np.concatenate([[0.0], np.cumsum([max(w.syllables, 0.5) for w in self.words])])
         cum = np.concatenate([[0.0], np.cumsum([max(w.units, 0.3) for w in self.words])])
-        covered = float(np.interp(heard, syl, cum))
+        covered = float(np.interp(heard / self.kappa, syls, cum))
         voiced = float(np.sum(~silent[:h]))
         return voiced / covered if covered > 0 else None
 
@@ -282,7 +283,6 @@ class StreamAligner:
         h: int,
         first_min: int,
         floor: float,
-        first_at: int = 1,
     ) -> float | None:
         """While the end is unknown: the speaking rate near the prior whose placement fits the
         audio so far best (boundaries in valleys, durations as expected)."""
@@ -291,7 +291,7 @@ class StreamAligner:
         best, rate = np.inf, None
         for f in RATE_FACTORS:
             r = max(self.prior * f, floor)
-            _, c = self._programme(words, units, silent, db, thr, ref, start, -1, h, first_min, r, first_at)
+            _, c = self._programme(words, units, silent, db, thr, ref, start, -1, h, first_min, r)
             if c < best:
                 best, rate = c, r
         return rate
@@ -309,7 +309,6 @@ class StreamAligner:
         h: int,
         first_min: int = 0,
         prior: float | None = None,
-        first_at: int = 1,
     ) -> tuple[list[int], float]:
         """Boundary hops b_0 = start < b_1 < ... < b_m (b_m = end when it is known), and the
         programme's cost. ``prior``: the speaking rate to assume while the end is unknown."""
@@ -331,8 +330,7 @@ class StreamAligner:
         k_nuc = max(0, min(span, h - start))
         nuc[:k_nuc] = self._peaks[start : start + k_nuc]
         nc = np.concatenate([[0.0], np.cumsum(nuc)])
-        w_syl = W_SYL if self.kappa is not None else 0.0
-        syl = (self.kappa or 1.0) * np.array([max(w.syllables, 0.5) for w in todo], np.float64)
+        syl = self.kappa * np.array([max(w.syllables, 0.5) for w in todo], np.float64)
         total = v[-1] if final else None
         if final:
             rate = max(float(v[-1]), 1.0) / cum[-1]
@@ -357,23 +355,21 @@ class StreamAligner:
             w = min(max(MIN_WINDOW_HOPS, WINDOW_SHARE * near), MAX_WINDOW_HOPS)
             lo = int(np.searchsorted(v, e - w, "left"))
             hi = int(np.searchsorted(v, e + w, "right")) - 1
-            fm = first_min if j == first_at else 0
-            lo, hi = max(lo, j, fm), min(hi, span - (m - j) if final else span)
+            lo, hi = max(lo, j, first_min if j == 1 else 0), min(hi, span - (m - j) if final else span)
             if hi < lo:
-                hi = lo = min(max(j, fm, int(np.searchsorted(v, e))), span)
+                hi = lo = min(max(j, first_min if j == 1 else 0, int(np.searchsorted(v, e))), span)
             cands.append(np.arange(lo, hi + 1, dtype=np.int64))
         if final:
             cands.append(np.array([span], np.int64))
         cost = np.zeros(1)
         back: list[npt.NDArray[np.int64]] = []
-        stages = [cost]
         for j in range(1, len(cands)):
             q, p = cands[j - 1], cands[j]
             d = v[p][None, :] - v[q][:, None]
             e = rate * units[j - 1]
             trans = W_DURATION * np.log((np.maximum(d, 0.0) + 3.0) / (e + 3.0)) ** 2
             dn = np.maximum(nc[p][None, :] - nc[q][:, None], 0.0)
-            trans = trans + w_syl * np.log((dn + SYL_EPS) / (syl[j - 1] + SYL_EPS)) ** 2
+            trans = trans + W_SYL * np.log((dn + SYL_EPS) / (syl[j - 1] + SYL_EPS)) ** 2
             trans = np.where(p[None, :] > q[:, None], trans, np.inf)
             node = W_ENERGY * loudness[p]
             if todo[j - 1].pause and j < m:
@@ -384,17 +380,13 @@ class StreamAligner:
             arg = np.argmin(total_cost, axis=0)
             cost = total_cost[arg, np.arange(p.shape[0])] + node
             back.append(arg)
-            stages.append(cost)
         k = int(np.argmin(cost))
         best = float(cost[k])
         path = [int(cands[-1][k])]
-        so_far = [best]
         for j in range(len(back) - 1, -1, -1):
             k = int(back[j][k])
             path.append(int(cands[j][k]))
-            so_far.append(float(stages[j][k]))
         path.reverse()
-        self._path_costs = so_far[::-1]  # the cost up to each boundary of the path
         if not final:  # the last word's end: its expected voiced time after its start
             path.append(min(span, path[-1] + int(np.searchsorted(v[path[-1] :] - v[path[-1]], rate * units[-1]))))
         return [start + p for p in path], best

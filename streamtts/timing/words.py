@@ -4,7 +4,8 @@ A word is what a voice agent puts back in its context: a run of non-space charac
 its punctuation attached ("world," is one word), or one CJK character (Chinese and Japanese
 write no spaces; a character is about one syllable). ``units`` is the duration model: the
 word's syllables (vowel groups, English's silent final ``e`` dropped; digits and letters of
-an acronym are spoken one by one), one per CJK character or Hangul block. ``pause`` says the
+an acronym are spoken one by one), one per CJK character or Hangul block; ``syllables`` is
+how many syllable nuclei the audio should show for it (nuclei.py). ``pause`` says the
 speaker is likely to stop after the word (1 after a comma, 2 after a sentence's end): the
 aligner prefers to put such a boundary in a silence.
 """
@@ -70,8 +71,10 @@ def _count(token: str) -> tuple[float, float]:
         groups -= 1  # "times", "makes" (but "boxes", "places")
     consonants = len(low) - sum(len(g) for g in _VOWELS.findall(low))
     units = float(groups) + CONSONANT_UNITS * consonants + _DIGIT_UNITS * digits
-    # a final "ed" is no syllable of its own after other than t or d ("opened", "looked")
-    nuclei = groups - (1 if groups > 1 and low.endswith("ed") and low[-3:-2] not in ("t", "d") else 0)
+    # a final "ed" is no syllable of its own after other than t or d ("opened", "looked";
+    # but "hundred", "sacred")
+    silent_ed = low.endswith("ed") and low[-3:-2] not in ("t", "d") and not low.endswith(("dred", "cred"))
+    nuclei = groups - (1 if groups > 1 and silent_ed else 0)
     return units, float(nuclei) + _DIGIT_UNITS * digits
 
 
