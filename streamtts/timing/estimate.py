@@ -6,21 +6,24 @@ takes (:func:`streamtts.timing.words.split_words`: syllables, one per CJK charac
 estimate joins the two:
 
 * the audio becomes a 10 ms energy envelope; hops 35 dB under the loud ones are silence;
-* word boundaries are placed by a dynamic programme over the hops: each word's *voiced* time
-  (silence is free, so pauses need no model) should match its share of the syllables, and a
-  boundary should sit in a low-energy valley (in a silence after a comma or a full stop most
-  of all); boundaries are monotonic and inside the generation's speech;
+  the peaks of its vowel band (nuclei.py) count the syllables heard;
+* word boundaries are placed by a dynamic programme over the hops: each word should span
+  about as many nuclei as it has syllables, its *voiced* time (silence is free, so pauses
+  need no model) should match its share of the units, and a boundary should sit in a
+  low-energy valley (in a silence after a comma or a full stop most of all); boundaries are
+  monotonic and inside the generation's speech;
 * a boundary that falls in a silence splits it: the word before ends where the silence
   starts, the next begins where it ends.
 
 Streaming (:meth:`StreamAligner.push`): a word goes out with the chunk that holds its start,
 never later, and its start is never put back into audio sent before it. Until the
-generation's end is known the speaking rate is unknown: the one near the prior (per script,
-or measured on an earlier generation in the same voice) that best fits the audio so far is
-taken, and the audio beyond the last chunk is assumed valley-like; the words already sent
-stay as sent (the last one's end is re-placed), the rest are placed again on each chunk. At
-the end the remaining words share the remaining speech exactly. Everything here is NumPy on
-the caller's thread (the engine runs it on a worker thread).
+generation's end is known the programme's end is open (the audio so far holds a prefix of
+the text): the speaking rate is the one the nuclei heard so far say, and the audio beyond
+the last chunk is assumed valley-like; a word after punctuation starts where the pause ends,
+once its nucleus is heard; the words already sent stay as sent (the last one's end is
+re-placed), the rest are placed again on each chunk. At the end the remaining words share
+the remaining speech exactly. Everything here is NumPy on the caller's thread (the engine
+runs it on a worker thread).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..request import WordTime
+from .nuclei import BandEnvelope, peak_hops
 from .words import Word, split_words
 
 __all__ = ["HOP_S", "StreamAligner", "WordTime", "align_words"]
@@ -45,14 +49,30 @@ PRIOR_HOPS_PER_CJK = 20.0
 # its expected time.
 W_ENERGY = 2.0
 W_PAUSE = 4.0
-W_DURATION = 3.0
+W_DURATION = 2.5
+# ... and the squared log-ratio of the syllable nuclei a word spans (nuclei.py) to its
+# syllables: a count, whatever the speaking rate
+W_SYL = 8.0
+SYL_EPS = 0.5
 # A hop not heard yet costs what the quietest quarter of the audio so far costs: dearer
 # pulls boundaries into the audio so far (words sent early), cheaper pushes them past it
 # (words sent late); 0, 10, 25 and 50 % were tried on benchmarks/timing_espeak.py.
 UNKNOWN_PCT = 25.0
-# While the end is unknown the rate is searched near the prior (the one whose placement fits
-# the audio so far best), once this much audio is in.
+# While the end is unknown and too few nuclei are heard, the rate is searched near the prior
+# (the one whose placement fits the audio so far best), once this much audio is in.
 RATE_MIN_HOPS = 50
+# Once this many syllable nuclei are heard, the rate is the one they say (_nuclei_rate) ...
+RATE_MIN_NUCLEI = 3.0
+# ... and with a rate given, how many nuclei a syllable makes is decided after this many:
+# 2 where the rate and the nuclei heard say at least KAPPA_SWITCH (tried on
+# benchmarks/timing_espeak.py: English reads 0.8 to 1.7 early on, eSpeak's Mandarin 1.5 to 2.2)
+KAPPA_MIN_NUCLEI = 4.0
+KAPPA_SWITCH = 1.75
+# A word after punctuation starts where a silence this long ends (a stop's closure is
+# shorter, CLOSURE_HOPS), once its nucleus is heard; with no such silence it waits until the
+# word before has had its expected time and this much more.
+PAUSE_SEEN_HOPS = 12
+PAUSE_WAIT_HOPS = 30
 RATE_FACTORS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.12, 1.25, 1.4, 1.6, 1.8)
 PAUSE_FULL_HOPS = 20  # a silence this long earns the whole punctuation bonus
 MIN_WINDOW_HOPS = 25  # a boundary may move at least this far (voiced hops) from its prior place
@@ -69,11 +89,17 @@ class StreamAligner:
         self.sample_rate = sample_rate
         self.hop = max(1, round(sample_rate * HOP_S))
         self._hop_s = self.hop / sample_rate
+        self._kappa_set = hops_per_unit is None  # no rate given: one nucleus a syllable
         if hops_per_unit is None:
             cjk = sum(1 for w in self.words if len(w.text.strip()) >= 1 and _is_cjk_word(w))
             hops_per_unit = PRIOR_HOPS_PER_CJK if cjk * 2 > len(self.words) else PRIOR_HOPS_PER_UNIT
         self.prior = hops_per_unit
         self._db = np.zeros(0, np.float64)  # per hop, dBFS
+        self._band = BandEnvelope(sample_rate, self.hop)  # per hop, vowel-band dB
+        self._peaks = np.zeros(0, np.float64)  # per hop: 1 at a syllable nucleus
+        # nuclei per text syllable: one, unless a rate measured before says otherwise
+        self.kappa = 1.0
+        self._density = 0.0  # nuclei per voiced hop so far
         self._rest = np.zeros(0, np.float32)  # samples short of a whole hop
         self.samples = 0
         self.sent: list[WordTime] = []
@@ -117,6 +143,7 @@ class StreamAligner:
             frames = buf[: n * self.hop].reshape(n, self.hop).astype(np.float64)
             rms = np.sqrt(np.mean(frames * frames, axis=1) + 1e-12)
             self._db = np.concatenate([self._db, 20.0 * np.log10(rms)])
+            self._band.push(frames)
         self._rest = buf[n * self.hop :].copy()
         out = self._place(last)
         self.sent.extend(out)
@@ -138,6 +165,9 @@ class StreamAligner:
         ref = float(np.percentile(db, 95))
         thr = max(ref - SILENCE_DB, FLOOR_DB)
         silent = db < thr
+        self._peaks = np.zeros(h, np.float64)
+        self._peaks[peak_hops(self._band.db)] = 1.0
+        self._density = float(self._peaks.sum()) / max(1.0, float(np.sum(~silent)))
         if self._pos is None:
             loud = np.flatnonzero(~silent)
             if loud.shape[0] == 0:  # nothing said yet
@@ -172,7 +202,9 @@ class StreamAligner:
             reach = int(np.searchsorted(cum, (voiced + MIN_WINDOW_HOPS) / (self.prior * RATE_FACTORS[0]), "right"))
             n = min(len(words), max(2, reach + 1))
             words, units = words[:n], units[:n]
-            prior = self._fit_rate(words, units, silent, db, thr, ref, start, h, first_min, floor)
+            prior = self._nuclei_rate(silent, h)
+            if prior is None:  # too few nuclei heard yet
+                prior = self._fit_rate(words, units, silent, db, thr, ref, start, h, first_min, floor)
             prior = max(prior if prior is not None else self.prior, floor)
             todo = todo[: n - (1 if anchored else 0)]
         bounds, _ = self._programme(words, units, silent, db, thr, ref, start, end, h, first_min, prior)
@@ -183,13 +215,27 @@ class StreamAligner:
         floor = 0  # end of the word before (hops)
         for i, w in enumerate(todo):
             a, b = bounds[i], bounds[i + 1]
-            if not final and a >= h:  # its audio is not here yet
-                break
             # a word not sent with an earlier chunk starts in this one: its time never
             # points back into audio the client already has without it
-            a = max(a, self._pos, self._heard, floor)
             lo = max(self._pos, self._heard, floor)
+            k = len(self.sent) + i
+            prev = starts[-1] if starts else self._anchor
+            if not final and prev is not None and self.words[k - 1].pause:
+                # after punctuation: the word starts where the pause ends, once it is heard
+                # (the nuclei may have been miscounted; a pause is plain to see)
+                p = _pause_end(silent, prev, h)
+                if p is not None:
+                    if not np.any(self._peaks[p:h]):
+                        break
+                    a, b = max(p, lo), max(b, p + 1)
+                elif h - prev < (prior or self.prior) * self.words[k - 1].units + PAUSE_WAIT_HOPS:
+                    break
+            if not final and a >= h:  # its audio is not here yet
+                break
+            a = max(a, lo)
             a, b = _trim(silent, a, max(b, a + 1), h)
+            if not final and a >= h:  # only silence after it so far
+                break
             a = _closure(silent, a, lo, w.text)
             floor = b
             if not final:
@@ -201,6 +247,29 @@ class StreamAligner:
             self._anchor = starts[-1]
             self._pos = max(_hop_of(out[-1].end, self._hop_s), starts[-1] + 1)
         return out
+
+    def _nuclei_rate(self, silent: npt.NDArray[np.bool_], h: int) -> float | None:
+        """While the end is unknown: the speaking rate (voiced hops per unit) the nuclei heard
+        so far say, once there are a few (None before): the text's syllables they make, in
+        units. Given a rate measured on an earlier generation in the same voice, how many
+        nuclei a syllable makes (``kappa``) follows, once a few are heard, from that rate and
+        the nuclei per voiced hop: 1, or 2 where it is clearly more (eSpeak's Mandarin)."""
+        heard = float(self._peaks[:h].sum())
+        if not self._kappa_set:
+            if heard < KAPPA_MIN_NUCLEI:
+                return self.prior
+            syl = sum(max(w.syllables, 0.5) for w in self.words)
+            units = sum(max(w.units, 0.3) for w in self.words)
+            k = self._density * self.prior * units / syl
+            self.kappa = 2.0 if k >= KAPPA_SWITCH else 1.0
+            self._kappa_set = True
+        if heard < RATE_MIN_NUCLEI:
+            return None
+        syls = np.concatenate([[0.0], np.cumsum([max(w.syllables, 0.5) for w in self.words])])
+        cum = np.concatenate([[0.0], np.cumsum([max(w.units, 0.3) for w in self.words])])
+        covered = float(np.interp(heard / self.kappa, syls, cum))
+        voiced = float(np.sum(~silent[:h]))
+        return voiced / covered if covered > 0 else None
 
     def _fit_rate(
         self,
@@ -256,6 +325,12 @@ class StreamAligner:
             voiced = np.ones(span, np.float64)
             voiced[: h - start] = (~silent[start:h]).astype(np.float64)
         v = np.concatenate([[0.0], np.cumsum(voiced)])  # v[p]: voiced hops in [start, start+p)
+        # syllable nuclei from `start`; beyond the audio so far at the density so far
+        nuc = np.full(span, self._density)
+        k_nuc = max(0, min(span, h - start))
+        nuc[:k_nuc] = self._peaks[start : start + k_nuc]
+        nc = np.concatenate([[0.0], np.cumsum(nuc)])
+        syl = self.kappa * np.array([max(w.syllables, 0.5) for w in todo], np.float64)
         total = v[-1] if final else None
         if final:
             rate = max(float(v[-1]), 1.0) / cum[-1]
@@ -293,6 +368,8 @@ class StreamAligner:
             d = v[p][None, :] - v[q][:, None]
             e = rate * units[j - 1]
             trans = W_DURATION * np.log((np.maximum(d, 0.0) + 3.0) / (e + 3.0)) ** 2
+            dn = np.maximum(nc[p][None, :] - nc[q][:, None], 0.0)
+            trans = trans + W_SYL * np.log((dn + SYL_EPS) / (syl[j - 1] + SYL_EPS)) ** 2
             trans = np.where(p[None, :] > q[:, None], trans, np.inf)
             node = W_ENERGY * loudness[p]
             if todo[j - 1].pause and j < m:
@@ -334,6 +411,19 @@ class StreamAligner:
 
 def _hop_of(t: float, hop_s: float) -> int:
     return int(round(t / hop_s))
+
+
+def _pause_end(silent: npt.NDArray[np.bool_], a: int, h: int) -> int | None:
+    """The end of the first silence of at least PAUSE_SEEN_HOPS after hop ``a`` that has
+    ended by ``h`` (None: none yet)."""
+    quiet = silent[a:h]
+    if quiet.shape[0] == 0:
+        return None
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]])))
+    for r0, r1 in zip(edges[::2], edges[1::2], strict=True):
+        if r1 - r0 >= PAUSE_SEEN_HOPS and a + r1 < h:
+            return int(a + r1)
+    return None
 
 
 def _trim(silent: npt.NDArray[np.bool_], a: int, b: int, h: int) -> tuple[int, int]:

@@ -4,7 +4,8 @@ A word is what a voice agent puts back in its context: a run of non-space charac
 its punctuation attached ("world," is one word), or one CJK character (Chinese and Japanese
 write no spaces; a character is about one syllable). ``units`` is the duration model: the
 word's syllables (vowel groups, English's silent final ``e`` dropped; digits and letters of
-an acronym are spoken one by one), one per CJK character or Hangul block. ``pause`` says the
+an acronym are spoken one by one), one per CJK character or Hangul block; ``syllables`` is
+how many syllable nuclei the audio should show for it (nuclei.py). ``pause`` says the
 speaker is likely to stop after the word (1 after a comma, 2 after a sentence's end): the
 aligner prefers to put such a boundary in a silence.
 """
@@ -24,6 +25,7 @@ class Word:
     end_char: int  # exclusive
     units: float  # expected duration, in syllables
     pause: int = 0  # 0 none, 1 clause break, 2 sentence end (after this word)
+    syllables: float = 1.0  # expected syllable nuclei (what the audio's energy peaks count)
 
 
 # Han (+ extension A, compatibility) and kana: one word per character (Korean writes spaces).
@@ -44,17 +46,21 @@ CONSONANT_UNITS = 0.2
 FINAL_LENGTHENING = (0.0, 0.5, 0.8)
 
 
-def _units(token: str) -> float:
+def _count(token: str) -> tuple[float, float]:
+    """(units, syllables) of a word."""
     if _HANGUL.search(token):  # Korean writes spaces: a word of syllable blocks
-        return float(len(_HANGUL.findall(token)))
+        n = float(len(_HANGUL.findall(token)))
+        return n, n
     if len(token) == 1 and re.match(f"[{_CJK}]", token):
-        return 1.0
+        return 1.0, 1.0
     letters = "".join(ch for ch in token if ch.isalpha())
     digits = len(_DIGITS.findall(token))
     if not letters:
-        return max(1.0, _DIGIT_UNITS * digits) if digits else 0.0
+        n = max(1.0, _DIGIT_UNITS * digits) if digits else 0.0
+        return n, n
     if len(letters) >= 2 and letters.isupper() and len(letters) <= 5:  # an acronym, spelled
-        return float(len(letters)) + _DIGIT_UNITS * digits
+        n = float(len(letters)) + _DIGIT_UNITS * digits
+        return n, n
     low = letters.lower()
     groups = len(_VOWELS.findall(low))
     if groups == 0:  # a script without our vowel list, or "hmm": about 3 letters a syllable
@@ -64,7 +70,12 @@ def _units(token: str) -> float:
     elif groups > 1 and low.endswith("es") and len(low) > 3 and low[-3] not in "scxzgh":
         groups -= 1  # "times", "makes" (but "boxes", "places")
     consonants = len(low) - sum(len(g) for g in _VOWELS.findall(low))
-    return float(groups) + CONSONANT_UNITS * consonants + _DIGIT_UNITS * digits
+    units = float(groups) + CONSONANT_UNITS * consonants + _DIGIT_UNITS * digits
+    # a final "ed" is no syllable of its own after other than t or d ("opened", "looked";
+    # but "hundred", "sacred")
+    silent_ed = low.endswith("ed") and low[-3:-2] not in ("t", "d") and not low.endswith(("dred", "cred"))
+    nuclei = groups - (1 if groups > 1 and silent_ed else 0)
+    return units, float(nuclei) + _DIGIT_UNITS * digits
 
 
 def _pause(token: str) -> int:
@@ -108,10 +119,10 @@ def _make(text: str, start: int, end: int) -> Word:
     tok = text[start:end]
     core = tok.strip("\"'“”‘’«»()[]（）「」『』")
     pause = _pause(tok)
-    units = _units(core)
+    units, syllables = _count(core)
     if units and not _is_cjk(core[:1]):
         units += FINAL_LENGTHENING[pause]
-    return Word(text=tok, start_char=start, end_char=end, units=units, pause=pause)
+    return Word(text=tok, start_char=start, end_char=end, units=units, pause=pause, syllables=syllables)
 
 
 def _is_cjk(tok: str) -> bool:
