@@ -28,6 +28,8 @@ runs it on a worker thread).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
@@ -78,6 +80,17 @@ PAUSE_FULL_HOPS = 20  # a silence this long earns the whole punctuation bonus
 MIN_WINDOW_HOPS = 25  # a boundary may move at least this far (voiced hops) from its prior place
 WINDOW_SHARE = 0.35  # ... or this share of the voiced time to the nearer fixed end
 MAX_WINDOW_HOPS = 150  # ... but never more (the programme's cost grows with its square)
+
+
+@dataclass(frozen=True, slots=True)
+class _Envelope:
+    """The audio so far as the placement reads it: each 10 ms hop silent or not, its level
+    (dB), the silence threshold and the loud level (the 95th percentile)."""
+
+    silent: npt.NDArray[np.bool_]
+    db: npt.NDArray[np.float64]
+    thr: float
+    ref: float
 
 
 class StreamAligner:
@@ -165,6 +178,7 @@ class StreamAligner:
         ref = float(np.percentile(db, 95))
         thr = max(ref - SILENCE_DB, FLOOR_DB)
         silent = db < thr
+        env = _Envelope(silent, db, thr, ref)
         self._peaks = np.zeros(h, np.float64)
         self._peaks[peak_hops(self._band.db)] = 1.0
         self._density = float(self._peaks.sum()) / max(1.0, float(np.sum(~silent)))
@@ -204,10 +218,10 @@ class StreamAligner:
             words, units = words[:n], units[:n]
             prior = self._nuclei_rate(silent, h)
             if prior is None:  # too few nuclei heard yet
-                prior = self._fit_rate(words, units, silent, db, thr, ref, start, h, first_min, floor)
+                prior = self._fit_rate(words, units, env, start, h, first_min, floor)
             prior = max(prior if prior is not None else self.prior, floor)
             todo = todo[: n - (1 if anchored else 0)]
-        bounds, _ = self._programme(words, units, silent, db, thr, ref, start, end, h, first_min, prior)
+        bounds, _ = self._programme(words, units, env, start, end, h, first_min, prior)
         if anchored:
             bounds = bounds[1:]
         out: list[WordTime] = []
@@ -275,10 +289,7 @@ class StreamAligner:
         self,
         words: list[Word],
         units: npt.NDArray[np.float64],
-        silent: npt.NDArray[np.bool_],
-        db: npt.NDArray[np.float64],
-        thr: float,
-        ref: float,
+        env: _Envelope,
         start: int,
         h: int,
         first_min: int,
@@ -291,7 +302,7 @@ class StreamAligner:
         best, rate = np.inf, None
         for f in RATE_FACTORS:
             r = max(self.prior * f, floor)
-            _, c = self._programme(words, units, silent, db, thr, ref, start, -1, h, first_min, r)
+            _, c = self._programme(words, units, env, start, -1, h, first_min, r)
             if c < best:
                 best, rate = c, r
         return rate
@@ -300,10 +311,7 @@ class StreamAligner:
         self,
         todo: list[Word],
         units: npt.NDArray[np.float64],
-        silent: npt.NDArray[np.bool_],
-        db: npt.NDArray[np.float64],
-        thr: float,
-        ref: float,
+        env: _Envelope,
         start: int,
         end: int,
         h: int,
@@ -312,6 +320,7 @@ class StreamAligner:
     ) -> tuple[list[int], float]:
         """Boundary hops b_0 = start < b_1 < ... < b_m (b_m = end when it is known), and the
         programme's cost. ``prior``: the speaking rate to assume while the end is unknown."""
+        silent, db, thr, ref = env.silent, env.db, env.thr, env.ref
         m = len(todo)
         cum = np.concatenate([[0.0], np.cumsum(units)])
         final = end >= 0
