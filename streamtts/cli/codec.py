@@ -71,66 +71,38 @@ def _add_commands(csub: Any) -> None:
     d.set_defaults(handler=_decode)
 
 
+# `streamtts build-engine`'s options, one row each
+_BUILD_ENGINE_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--kind", {"choices": ["decoder", "encoder", "streaming"], "default": "decoder",
+                "help": "decoder (streaming windows), encoder (reference clips, batch 1) or streaming "
+                "(the exact stateful decoder, decoder_streaming.onnx)"}),
+    ("--slots", {"type": int, "help": "streaming: stream slots in the engine's state tables (default: the "
+                 "config's max_streams)"}),
+    ("--max-reference-seconds", {"type": float, "default": 40.0, "help": "encoder: longest clip"}),
+    ("--config", {"help": "YAML config: takes audio_decoder_onnx / audio_decoder_trt from it; default: the "
+                  "demo model (unless --onnx is given)"}),
+    ("--onnx", {"help": "decoder.onnx (default: the config's audio_decoder_onnx; streaming: "
+                "decoder_streaming.onnx beside it)"}),
+    ("--out", {"help": "engine file (default: the config's audio_decoder_trt, else decoder.engine next to the ONNX)"}),
+    ("--max-batch", {"type": int, "default": 32, "help": "largest batch of windows (the scheduler's codec batch)"}),
+    ("--batch-buckets", {"type": int, "nargs": "+", "help": "upper batch bound of each profile (default 1 4 16 <max>)"}),
+    ("--context-frames", {"type": int, "default": 125, "help": "left context per streaming window"}),
+    ("--chunk-frames", {"type": int, "default": 8, "help": "largest number of new frames per window"}),
+    ("--max-frames", {"type": int, "help": "longest window in frames (default context + chunk; streaming: most "
+                      "new frames per call, default 16)"}),
+    ("--precision", {"choices": ["tf32", "fp32", "fp16"], "default": "tf32", "help": "TensorRT precision"}),
+    ("--workspace-gb", {"type": float, "default": 4.0, "help": "TensorRT builder workspace"}),
+    ("--dry-run", {"action": "store_true", "help": "print the profiles and buffer plan, build nothing"}),
+)  # fmt: skip
+
+
 def add_parser(sub: Any) -> None:
     """The ``codec`` and ``build-engine`` commands of the main CLI."""
     b = sub.add_parser(
         "build-engine", help="build a TensorRT engine for the codec decoder (needs a GPU)"
     )
-    b.add_argument(
-        "--kind", choices=["decoder", "encoder", "streaming"], default="decoder",
-        help="decoder (streaming windows), encoder (reference clips, batch 1) or streaming "
-        "(the exact stateful decoder, decoder_streaming.onnx)",
-    )  # fmt: skip
-    b.add_argument(
-        "--slots", type=int,
-        help="streaming: stream slots in the engine's state tables (default: the config's "
-        "max_streams)",
-    )  # fmt: skip
-    b.add_argument(
-        "--max-reference-seconds", type=float, default=40.0, help="encoder: longest clip"
-    )
-    b.add_argument(
-        "--config", help="YAML config: takes audio_decoder_onnx / audio_decoder_trt from it; "
-        "default: the demo model (unless --onnx is given)",
-    )  # fmt: skip
-    b.add_argument(
-        "--onnx", help="decoder.onnx (default: the config's audio_decoder_onnx; streaming: "
-        "decoder_streaming.onnx beside it)",
-    )  # fmt: skip
-    b.add_argument(
-        "--out",
-        help="engine file (default: the config's audio_decoder_trt, else decoder.engine next to the ONNX)",
-    )
-    b.add_argument(
-        "--max-batch",
-        type=int,
-        default=32,
-        help="largest batch of windows (the scheduler's codec batch)",
-    )
-    b.add_argument(
-        "--batch-buckets",
-        type=int,
-        nargs="+",
-        help="upper batch bound of each profile (default 1 4 16 <max>)",
-    )
-    b.add_argument(
-        "--context-frames", type=int, default=125, help="left context per streaming window"
-    )
-    b.add_argument(
-        "--chunk-frames", type=int, default=8, help="largest number of new frames per window"
-    )
-    b.add_argument(
-        "--max-frames", type=int,
-        help="longest window in frames (default context + chunk; streaming: most new frames "
-        "per call, default 16)",
-    )  # fmt: skip
-    b.add_argument(
-        "--precision", choices=["tf32", "fp32", "fp16"], default="tf32", help="TensorRT precision"
-    )
-    b.add_argument("--workspace-gb", type=float, default=4.0, help="TensorRT builder workspace")
-    b.add_argument(
-        "--dry-run", action="store_true", help="print the profiles and buffer plan, build nothing"
-    )
+    for flag, opts in _BUILD_ENGINE_FLAGS:
+        b.add_argument(flag, **opts)
     b.set_defaults(handler=_build_engine, check=_check_build_engine)
 
 
