@@ -34,7 +34,7 @@ def _error_lines(stderr: str) -> list[str]:
 
 def _synth(model: Path, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "streamtts.cli", "synth", "--config", str(model / "config.yaml"),
+        [sys.executable, "-m", "streamtts", "synth", "--config", str(model / "config.yaml"),
          "--text", "Hi.", "--out", str(tmp / "x.wav")],
         env=_child_env(**env), capture_output=True, text=True, timeout=300,
     )  # fmt: skip

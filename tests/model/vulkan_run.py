@@ -42,6 +42,7 @@ BATCH_TEXTS = [
     "A late stream with a longer prompt, prefilled in small pieces.",
 ]
 BATCH_FRAMES = [72, 8, 72, 72, 12]
+STAND_INS = 5  # steps slot 1 is held empty between stepped slots before the late stream
 
 
 def engine(model_dir: Path, **kw: Any) -> Engine:
@@ -79,28 +80,14 @@ async def batched(e: Engine, removed: list[tuple[int, int]]) -> tuple[list[np.nd
             return np.concatenate([c.codes async for c in s])
 
     removed.clear()
-    chunks0 = 0
-    more = asyncio.Event()
-
-    async def first(s: Any) -> np.ndarray:  # stream 0, counting its chunks
-        nonlocal chunks0
-        out = []
-        async with s:
-            async for c in s:
-                out.append(c.codes)
-                chunks0 += 1
-                more.set()
-        return np.concatenate(out)
-
-    tasks = [asyncio.create_task(first(e.stream(BATCH_TEXTS[0], options=opts[0])))]
+    tasks = [asyncio.create_task(rest(e.stream(BATCH_TEXTS[0], options=opts[0])))]
     tasks += [asyncio.create_task(codes_of(e, t, o)) for t, o in zip(BATCH_TEXTS[1:4], opts[1:4], strict=True)]
     short = await tasks[1]  # slot 1 is free from here; slots 0, 2 and 3 step on
-    # keep the gap open for two more chunks of stream 0 (at least 2 steps each), whatever the
-    # device's speed, then a fifth stream takes slot 1
-    seen = chunks0
-    while chunks0 < seen + 2 and not tasks[0].done():
-        more.clear()
-        await more.wait()
+    # keep the gap open until the engine has stepped slot 1 as a stand-in STAND_INS times
+    # (the cells it removed say so), whatever the device's speed, then a fifth stream takes it
+    before = len(removed)
+    while sum(1 for seq, _ in removed[before:] if seq == 1) < STAND_INS and not tasks[0].done():
+        await asyncio.sleep(0.01)
     late = await codes_of(e, BATCH_TEXTS[4], opts[4])
     together = [await tasks[0], short, await tasks[2], await tasks[3], late]
     return alone, together
