@@ -98,6 +98,7 @@ _BOUNDS: tuple[tuple[str, float, float | None, str], ...] = (
     ("prefill_chunk", 1, None, ""),
     ("decode_context_frames", 0, None, ""),
     ("tick_threads", 0, None, "0 = automatic"),
+    ("gil_switch_ms", 0, 100, "0 = Python's"),
 )
 
 
@@ -174,6 +175,11 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # a step has at least 64 streams (32 rows each at the least); 0 = the cores this process
     # may run on, at most 8; 1 = the engine thread alone. Outputs do not depend on it.
     tick_threads: int = 0
+    # Python's GIL switch interval while an engine runs (ms; 0 = leave Python's 5 ms). After
+    # each compiled call (the GIL released) the engine thread waits for the GIL until the
+    # thread holding it (asyncio, the decode thread, a tick's helpers) lets go, at most this
+    # long: 0.5 ms keeps those waits short against a tick of a few ms (process-wide)
+    gil_switch_ms: float = 0.5
     log_llama: bool = False  # forward llama.cpp's own log lines
     # which llama.cpp build runs the backbone: cpu, cuda, vulkan, or auto (CUDA, then Vulkan
     # with a GPU, then CPU, among the builds present); STREAMTTS_BACKEND overrides it

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -181,6 +182,8 @@ class EngineCore:
 
     # -- front-end API (any thread) -------------------------------------------------------
     def start(self) -> None:
+        if self.cfg.gil_switch_ms > 0:
+            sys.setswitchinterval(self.cfg.gil_switch_ms / 1000)  # see EngineConfig.gil_switch_ms
         self._thread.start()
 
     def submit(self, req: PreparedRequest) -> None:

@@ -375,3 +375,21 @@ def test_audio_heads_split_across_threads_give_the_same_bits(demo_model_dir: Pat
         t.join(timeout=5)
         assert not t.is_alive()
     np.testing.assert_array_equal(three(h, np.zeros((b, ids.n_vq * ids.audio_rows), np.float32)), a)
+
+
+def test_engine_sets_its_threads_settings(demo_model_dir: Path) -> None:
+    """tick_threads and gil_switch_ms (EngineConfig) take effect when the engine starts."""
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+
+        async def main() -> tuple[float, int]:
+            async with make_engine(demo_model_dir, tick_threads=3, gil_switch_ms=0.25) as engine:
+                return sys.getswitchinterval(), engine.info["tick_threads"]
+
+        switch, threads = run(main())
+        assert switch == pytest.approx(0.00025) and threads == 3
+    finally:
+        sys.setswitchinterval(before)
