@@ -303,12 +303,16 @@ class EngineCore:
     def _free(self, slot: int, final: DecodeJob | None = None) -> None:
         """Empty a slot (its row, KV cells, prefix claims, place in the prefill queue) and
         hand ``final`` to the decode thread."""
-        s = self.slots.release(slot)
-        self.scheduler.released(slot)
-        try:
+        held = self.slots.streams[slot]
+        if held is not None:  # its step counts, as at each chunk (an abort or failure ends here)
+            held.req.stats.steps = int(self.slots.steps[slot])
+            held.req.stats.step_s = float(self.slots.step_s[slot])
+        try:  # the cells first: a slot that shows free holds none
             self.backbone.seq_rm(slot)
         except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
             log.exception("could not free KV cache of slot %d", slot)
+        s = self.slots.release(slot)
+        self.scheduler.released(slot)
         if s is not None and final is not None:
             self.decoder.submit(final)
 
@@ -518,12 +522,7 @@ class EngineCore:
         self.next_rows[slots] = out
         tick_s = t4 - result.t_start
         self.tick_s += 0.1 * (tick_s - self.tick_s)
-        streams = self.slots.streams
-        for slot in slots.tolist():  # before routing: routing frees finished slots
-            s = streams[slot]
-            if s is not None:
-                s.req.stats.steps += 1
-                s.req.stats.step_s += tick_s
+        self.slots.step_s[slots] += tick_s  # into each stream's stats as its chunks go out
         push = self._push
         push(0, b)
         self._route(slots, push.frames[:b], push.ready[:b], push.index[:b])
@@ -570,8 +569,7 @@ class EngineCore:
                 s.pending.append(frames[i].copy())
             if done[i]:
                 s.req.stats.finish_reason = self._finish_reason(slot)
-                self._emit(slot, s, now, last=True)
-                self._free(slot)
+                self._emit(slot, s, now, last=True)  # frees the slot before the last chunk goes out
             elif s.pending and self._due(s, now):
                 self._emit(slot, s, now, last=False)
 
@@ -594,15 +592,19 @@ class EngineCore:
         n = codes.shape[0]
         if n == 0 and not last:
             return
+        s.req.stats.steps = int(self.slots.steps[slot])
+        s.req.stats.step_s = float(self.slots.step_s[slot])
         if s.frames_sent == 0 and n:
             s.t_first_emit = now
         s.req.stats.frames += n
-        self.decoder.submit(
-            DecodeJob(
-                s.req.rid, s.req.sink, codes, s.pending_first, int(self.slots.steps[slot]) - 1,
-                is_last=last, tick=self.ticks,
-            )
+        job = DecodeJob(
+            s.req.rid, s.req.sink, codes, s.pending_first, int(self.slots.steps[slot]) - 1,
+            is_last=last, tick=self.ticks,
         )
+        if last:  # the slot and its KV cells are free before its listener hears the end
+            self._free(slot, job)
+            return
+        self.decoder.submit(job)
         s.frames_sent += n
         self.slots.audio_due[slot] = s.t_first_emit + s.frames_sent * FRAME_S
         s.chunk_index += 1

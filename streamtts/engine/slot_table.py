@@ -48,6 +48,7 @@ class SlotTable:
         self.streams: list[Stream | None] = [None] * capacity
         self.kv_pos = np.zeros(capacity, dtype=np.int32)  # next KV position of the sequence
         self.steps = np.zeros(capacity, dtype=np.int64)  # generation steps taken
+        self.step_s = np.zeros(capacity, dtype=np.float64)  # wall time of the ticks it stepped in
         self.max_new = np.zeros(capacity, dtype=np.int64)  # step limit
         self.fixed = np.full(capacity, -1, dtype=np.int64)  # benchmarks: forced length, -1 = off
         self.n_fixed = 0  # slots with a forced length (the step skips them all when none)
@@ -75,6 +76,7 @@ class SlotTable:
         s = self.streams[slot] = Stream(req)
         self.kv_pos[slot] = 0
         self.steps[slot] = 0
+        self.step_s[slot] = 0.0
         self.max_new[slot] = req.max_new_tokens
         if self.fixed[slot] >= 0:  # a slot given again without a release
             self.n_fixed -= 1
@@ -89,6 +91,7 @@ class SlotTable:
         self.streams[slot] = None
         self.kv_pos[slot] = 0
         self.steps[slot] = 0
+        self.step_s[slot] = 0.0
         self.max_new[slot] = 0
         if self.fixed[slot] >= 0:
             self.n_fixed -= 1
