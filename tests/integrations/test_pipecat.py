@@ -134,11 +134,14 @@ class Agent:
         return any(isinstance(f, TTSStoppedFrame) and f.context_id == cid for _, f in self.sink.frames)
 
 
-async def agent(server: Any, voice: str, mode: TextAggregationMode | None = None) -> AsyncIterator[Agent]:
+async def agent(
+    server: Any, voice: str, mode: TextAggregationMode | None = None, after_tts: tuple[Any, ...] = ()
+) -> AsyncIterator[Agent]:
+    """A pipeline of the TTS service, ``after_tts`` (e.g. an assistant aggregator) and a sink."""
     tts = WatchedService(url=server.ws, voice=voice, seed=7, sampling=GREEDY, text_aggregation_mode=mode)
     sink = Collector()
     task = PipelineWorker(
-        Pipeline([tts, sink]),
+        Pipeline([tts, *after_tts, sink]),
         params=PipelineParams(audio_out_sample_rate=RATE, enable_metrics=True),
         idle_timeout_secs=None,
         check_dangling_tasks=False,
@@ -394,7 +397,6 @@ def test_an_interrupted_turn_enters_the_context_as_the_words_heard(server: Any, 
     from streamtts.server.protocol import Alignment
 
     async def scenario() -> dict[str, Any]:
-        tts = WatchedService(url=server.ws, voice=voice_id, seed=7, sampling=GREEDY)
         context = LLMContext()
         assistant = LLMAssistantAggregator(context)
         stopped: list[Any] = []
@@ -403,25 +405,16 @@ def test_an_interrupted_turn_enters_the_context_as_the_words_heard(server: Any, 
         async def on_stopped(_agg: Any, message: Any) -> None:
             stopped.append(message)
 
-        sink = Collector()
-        task = PipelineWorker(
-            Pipeline([tts, assistant, sink]),
-            params=PipelineParams(audio_out_sample_rate=RATE),
-            idle_timeout_secs=None,
-            check_dangling_tasks=False,
-        )
-        runner_ = WorkerRunner(handle_sigint=False)
-        await runner_.add_workers(task)
-        runner = asyncio.create_task(runner_.run())
-        a = Agent(task, tts, sink, runner)
+        gen = agent(server, voice_id, after_tts=(assistant,))
+        a = await anext(gen)
+        tts, sink = a.tts, a.sink
         try:
-            await a.wait(lambda: tts.session is not None, 60)
             await a.turn(LONG)
             c1, _ = await a.first_audio_of_new_context(0)
             # about 1.5 s of the reply played, then the user barges in
             await a.wait(lambda: sum(len(f.audio) for f in sink.audio(c1)) >= 3 * RATE)
             played_s = sum(len(f.audio) for f in sink.audio(c1)) / (2 * RATE)
-            await task.queue_frame(InterruptionFrame())
+            await a.task.queue_frame(InterruptionFrame())
             await a.wait(lambda: any(k == "Done" and c == c1 for _, k, c, _ in tts.wire))
             await a.wait(lambda: bool(stopped))
             await asyncio.sleep(0.2)  # anything still in flight would land now
@@ -435,12 +428,7 @@ def test_an_interrupted_turn_enters_the_context_as_the_words_heard(server: Any, 
                 "done": next(ev for _, k, c, ev in tts.wire if k == "Done" and c == c1),
             }
         finally:
-            await task.queue_frame(EndFrame())
-            try:
-                async with asyncio.timeout(30):
-                    await runner
-            except TimeoutError:
-                await task.cancel()
+            await gen.aclose()
 
     out = asyncio.run(scenario())
     said = [m for m in out["messages"] if m.get("role") == "assistant"]
