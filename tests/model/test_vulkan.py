@@ -136,12 +136,15 @@ def test_greedy_codes_agree_with_the_cpu_build_at_the_start(vk: tuple[dict[str, 
 
     cpu = asyncio.run(main())
     gpu = [arr["greedy"], *(arr[f"alone{i}"] for i in range(len(BATCH_TEXTS)))]
-    agree = [_agree(c, g) for c, g in zip(cpu, gpu, strict=True)]
-    msg = "Vulkan and CPU greedy codes agree for the first " + ", ".join(
-        f"{n} of {len(c)}" for n, c in zip(agree, cpu, strict=True)
-    ) + " frames"
+    _assert_leading_agreement(cpu, gpu, "Vulkan and CPU greedy codes")
+
+
+def _assert_leading_agreement(refs: list[Any], others: list[Any], what: str) -> None:
+    """Each pair of code arrays agrees for its first MIN_AGREE_FRAMES frames (or all of a shorter one)."""
+    agree = [_agree(r, o) for r, o in zip(refs, others, strict=True)]
+    msg = f"{what} agree for the first " + ", ".join(f"{n} of {len(r)}" for n, r in zip(agree, refs, strict=True)) + " frames"
     print(msg)
-    assert all(n >= min(MIN_AGREE_FRAMES, len(c)) for n, c in zip(agree, cpu, strict=True)), msg
+    assert all(n >= min(MIN_AGREE_FRAMES, len(r)) for n, r in zip(agree, refs, strict=True)), msg
 
 
 def test_four_batched_streams_with_gaps_give_what_each_gives_alone(vk: tuple[dict[str, Any], Any]) -> None:
@@ -156,12 +159,7 @@ def test_four_batched_streams_with_gaps_give_what_each_gives_alone(vk: tuple[dic
     alone = [arr[f"alone{i}"] for i in range(len(BATCH_TEXTS))]
     together = [arr[f"together{i}"] for i in range(len(BATCH_TEXTS))]
     assert [len(t) for t in together] == BATCH_FRAMES
-    agree = [_agree(a, t) for a, t in zip(alone, together, strict=True)]
-    msg = "batched and alone agree for the first " + ", ".join(
-        f"{n} of {len(a)}" for n, a in zip(agree, alone, strict=True)
-    ) + " frames"
-    print(msg)
-    assert all(n >= min(MIN_AGREE_FRAMES, len(a)) for n, a in zip(agree, alone, strict=True)), msg
+    _assert_leading_agreement(alone, together, "batched and alone")
 
 
 def test_prefix_cache_restore_of_the_device_kv_gives_the_uncached_codes(vk: tuple[dict[str, Any], Any]) -> None:
