@@ -1,0 +1,126 @@
+"""The MossTTSDelay family: each member's shape, fields and sampling defaults (model cards).
+
+Pure data and two lookups: which member a checkpoint is (from its folder or repo name, or
+told), and how a ``language`` value is written for it. Every member shares the architecture,
+the special token ids and the codec; they differ in ``n_vq``, the prompt fields they use,
+their audio sampling preset and the form of ``language``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import InputError
+
+ModelKind = Literal["moss-tts", "moss-tts-v1.5", "moss-ttsd", "moss-voice-generator", "moss-sound-effect"]
+LanguageForm = Literal["code", "name", "as-given"]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of the family."""
+
+    kind: ModelKind
+    title: str
+    hf_repo: str
+    n_vq: int
+    backbone: str
+    # audio temperature / top-p / top-k / repetition penalty (the text channel: 1.5 / 1.0 / 50)
+    audio_temperature: float
+    audio_top_p: float
+    audio_top_k: int
+    audio_repetition_penalty: float
+    # how its `language` field is written: ISO code ("en"), name ("English"), or as the
+    # caller gave it (the model card does not say)
+    language_form: LanguageForm
+    fields: tuple[str, ...]  # the prompt fields its model card uses
+
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The sampling keys (EngineConfig / SamplingParams names) of this member's preset."""
+        return {
+            "text_temperature": 1.5,
+            "text_top_p": 1.0,
+            "text_top_k": 50,
+            "audio_temperature": self.audio_temperature,
+            "audio_top_p": self.audio_top_p,
+            "audio_top_k": self.audio_top_k,
+            "audio_repetition_penalty": self.audio_repetition_penalty,
+        }
+
+
+MEMBERS: dict[str, Member] = {
+    m.kind: m
+    for m in (
+        Member("moss-tts", "MOSS-TTS 1.0", "OpenMOSS-Team/MOSS-TTS", 32, "Qwen3-8B",
+               1.7, 0.8, 25, 1.0, "code", ("text", "reference", "language")),
+        Member("moss-tts-v1.5", "MOSS-TTS-v1.5", "OpenMOSS-Team/MOSS-TTS-v1.5", 32, "Qwen3-8B",
+               1.7, 0.8, 25, 1.0, "name", ("text", "reference", "language")),
+        Member("moss-ttsd", "MOSS-TTSD-v1.0", "OpenMOSS-Team/MOSS-TTSD-v1.0", 16, "Qwen3-8B",
+               1.1, 0.9, 50, 1.1, "as-given", ("text", "speakers", "prefix")),
+        Member("moss-voice-generator", "MOSS-VoiceGenerator", "OpenMOSS-Team/MOSS-VoiceGenerator", 16,
+               "Qwen3-1.7B", 1.5, 0.6, 50, 1.1, "as-given", ("text", "instruction")),
+        Member("moss-sound-effect", "MOSS-SoundEffect", "OpenMOSS-Team/MOSS-SoundEffect", 16, "Qwen3-8B",
+               1.5, 0.6, 50, 1.2, "as-given", ("ambient_sound", "sound_event", "tokens")),
+    )
+}
+DEFAULT_KIND: ModelKind = "moss-tts"
+
+# Longest patterns first: "moss-tts-v1.5" must not read as "moss-tts".
+_NAME_PATTERNS: tuple[tuple[str, ModelKind], ...] = (
+    (r"voice[-_ ]?generator", "moss-voice-generator"),
+    (r"sound[-_ ]?effect", "moss-sound-effect"),
+    (r"ttsd", "moss-ttsd"),
+    (r"tts[-_ ]?v?1[._-]?5", "moss-tts-v1.5"),
+    (r"moss[-_ ]?tts", "moss-tts"),
+)
+
+
+def member(kind: str) -> Member:
+    """The member called ``kind``; an unknown name is an error listing the known ones."""
+    try:
+        return MEMBERS[kind]
+    except KeyError:
+        raise InputError(f"unknown model kind {kind!r}; known: {', '.join(MEMBERS)}") from None
+
+
+def kind_from_name(name: str) -> ModelKind | None:
+    """The member a folder or repo name names (``OpenMOSS-Team/MOSS-TTSD-v1.0`` -> moss-ttsd),
+    or None when it names none."""
+    low = name.lower()
+    for pattern, kind in _NAME_PATTERNS:
+        if re.search(pattern, low):
+            return kind
+    return None
+
+
+# ISO 639-1 code -> the language name v1.5's prompts use. Names outside the table are sent
+# as given; so is a code outside it (with a member that wants names, that is the caller's call).
+LANGUAGE_NAMES: dict[str, str] = {
+    "en": "English", "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "fr": "French",
+    "de": "German", "es": "Spanish", "it": "Italian", "pt": "Portuguese", "ru": "Russian",
+    "ar": "Arabic", "fa": "Persian (Farsi)", "hi": "Hindi", "tr": "Turkish", "vi": "Vietnamese",
+    "th": "Thai", "id": "Indonesian", "ms": "Malay", "nl": "Dutch", "pl": "Polish",
+    "sv": "Swedish", "uk": "Ukrainian", "cs": "Czech", "el": "Greek", "he": "Hebrew",
+    "hu": "Hungarian", "ro": "Romanian", "da": "Danish", "fi": "Finnish", "no": "Norwegian",
+    "bn": "Bengali", "ur": "Urdu", "tl": "Tagalog", "yue": "Cantonese",
+}
+_CODES = {name.lower(): code for code, name in LANGUAGE_NAMES.items()}
+_CODES.update({"persian": "fa", "farsi": "fa", "mandarin": "zh"})
+
+
+def language_for(form: LanguageForm, value: str | None) -> str | None:
+    """``value`` (an ISO code or a name, any case) in the form a member's prompt uses."""
+    if value is None:
+        return None
+    v = value.strip()
+    if not v:
+        raise InputError("language is empty: give an ISO code ('en') or a name ('English'), or leave it out")
+    if form == "as-given":
+        return v
+    low = v.lower()
+    code = low if low in LANGUAGE_NAMES else _CODES.get(low)
+    if code is None:
+        return v
+    return code if form == "code" else LANGUAGE_NAMES[code]
