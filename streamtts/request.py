@@ -33,6 +33,9 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     # 10 ms hops per syllable); None: a prior per script. Set from an earlier generation in
     # the same voice (segmented.py).
     timing_rate: float | None = None
+    # Hand out the raw generated rows (text id + n_vq delayed codes, as the model emitted
+    # them) on the chunks (AudioChunk.rows): for checking against the official code.
+    rows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,9 @@ class AudioChunk:
     # far and were not on an earlier chunk (a word comes no later than its audio); the
     # stream's last chunk carries the rest (it may hold no samples). None: not asked for.
     words: list[WordTime] | None = None
+    # With StreamOptions.rows: the (n, 1 + n_vq) int64 rows generated since the previous
+    # chunk (the last chunk carries the rest). None: not asked for.
+    rows: np.ndarray | None = None
 
     @property
     def duration_s(self) -> float:
@@ -157,4 +163,7 @@ class PreparedRequest:
     sink: Any  # StreamSink: receives chunks / errors (thread-safe)
     prefix_rows: int = 0  # leading rows shared with other requests (cacheable), 0 = none
     prefix_key: bytes = b""  # digest of those rows
+    # continuation: the prompt's last rows are this many assistant gen-slot rows holding an
+    # audio prefix in the delay layout (its frames warm the codec; their samples are not sent)
+    audio_prefix_rows: int = 0
     stats: StreamStats = field(default_factory=StreamStats)
