@@ -166,4 +166,5 @@ class PreparedRequest:
     # continuation: the prompt's last rows are this many assistant gen-slot rows holding an
     # audio prefix in the delay layout (its frames warm the codec; their samples are not sent)
     audio_prefix_rows: int = 0
+    keep_rows: bool = False  # StreamOptions.rows: hand the raw generated rows out on the chunks
     stats: StreamStats = field(default_factory=StreamStats)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .delay import de_delay
+
 
 class FrameAssembler:
     """De-delays rows pushed per slot; vectorised over slots and codebooks."""
@@ -33,6 +35,20 @@ class FrameAssembler:
         """Forget the slot's rows; its next push is row 0 of a new stream."""
         self.count[slot] = 0
         self.ring[slot] = self.pad
+
+    def seed(self, slot: int, audio_rows: np.ndarray) -> np.ndarray:
+        """Start the slot from ``audio_rows`` (T, K) already in its sequence (a continuation's
+        audio prefix, in the delay layout) as if they had been pushed; returns the frames
+        those rows complete (frames 0 .. T - K, fewer when T < K). The next push is row T:
+        it completes frame T - K + 1, whose upper codebooks the prefix left open."""
+        t, k_n = audio_rows.shape
+        if k_n != self.n_vq:
+            raise ValueError(f"audio_rows must have {self.n_vq} codebooks, got {k_n}")
+        self.reset(slot)
+        last = np.arange(max(0, t - k_n), t)
+        self.ring[slot, last % k_n, :] = audio_rows[last]
+        self.count[slot] = t
+        return de_delay(audio_rows)
 
     def rows_pushed(self, slot: int) -> int:
         return int(self.count[slot])
