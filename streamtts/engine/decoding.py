@@ -64,6 +64,8 @@ class DecodeJob:
     tick: int = 0  # engine tick that completed the last frame
     error: BaseException | None = None  # deliver this instead of audio, then close
     drop: bool = False  # stream cancelled: forget its state, deliver nothing
+    warm: int = 0  # leading frames of `codes` that only warm the codec (a continuation's prefix)
+    rows: np.ndarray | None = None  # the raw generated rows (StreamOptions.rows)
 
     @property
     def has_audio(self) -> bool:
@@ -339,6 +341,13 @@ class DecodeWorker:
                 job.sink.fail(job.error)
             elif job.is_last and not job.has_audio:  # a last chunk with audio: _decode did it
                 self.codec.forget(job.rid)
+                if job.rows is not None and job.rows.size:  # the last rows still go out
+                    job.sink.put_chunk(
+                        AudioChunk(
+                            pcm=np.zeros(0, np.float32), frames=range(job.first_frame, job.first_frame),
+                            codes=job.codes[:0], step=job.step, tick=job.tick, is_last=True, rows=job.rows,
+                        )
+                    )
                 job.sink.finish()
 
     def _decode(self, jobs: list[DecodeJob]) -> None:
@@ -350,7 +359,10 @@ class DecodeWorker:
         self.calls += 1
         share = dt / len(jobs)
         for job, samples in zip(jobs, pcm, strict=True):
-            n_new = job.codes.shape[0]
+            w = job.warm
+            if w:  # the prefix's frames: decoded for the codec's state, not sent
+                samples = samples[w * FRAME_SAMPLES :]
+            n_new = job.codes.shape[0] - w
             if job.is_last:
                 fade_out_end(samples)
             stats = job.sink.stats
@@ -360,7 +372,8 @@ class DecodeWorker:
                 AudioChunk(
                     pcm=samples,
                     frames=range(job.first_frame, job.first_frame + n_new),
-                    codes=job.codes,
+                    codes=job.codes[w:],
+                    rows=job.rows,
                     step=job.step,
                     tick=job.tick,
                     is_last=job.is_last,

@@ -280,12 +280,25 @@ class EngineCore:
             req = self.waiting.popleft()
             if req.sink.cancelled:
                 continue
-            self.slots.reset(slot, req)
+            s = self.slots.reset(slot, req)
             req.stats.t_admitted = time.monotonic()
             req.stats.prompt_rows = req.prompt.shape[0]
             self.states.reset(slot, req.prompt, req.sampling, req.seed)
             self.assembler.reset(slot)
+            if req.audio_prefix_rows:
+                self._seed_prefix(slot, s)
             self.scheduler.admitted(slot)
+
+    def _seed_prefix(self, slot: int, s: Stream) -> None:
+        """A continuation: the prompt ends in an audio prefix (T rows in the delay layout).
+        Its rows go into the frame assembler as if generated, so the first steps complete
+        the prefix's last frames; the frames it completes already are pending as warm-up:
+        the codec decodes them for its state and their samples are not sent."""
+        t = s.prefix_frames = s.req.audio_prefix_rows
+        known = self.assembler.seed(slot, s.req.prompt[-t:, 1:])
+        known = known[np.any(known != self.ids.audio_pad_code, axis=1)]  # as a push's `ready`
+        s.pending = list(known)
+        s.warm = len(s.pending)
 
     def _abort(self, rid: int) -> None:
         slot = self.slots.find(rid)
@@ -520,6 +533,8 @@ class EngineCore:
         t4 = time.perf_counter()
         self.slots.steps[slots] += 1
         self.next_rows[slots] = out
+        if self.slots.n_keep_rows:  # rare (checks against the official code): a loop is fine
+            self._keep_rows(slots, out)
         tick_s = t4 - result.t_start
         self.tick_s += 0.1 * (tick_s - self.tick_s)
         self.slots.step_s[slots] += tick_s  # into each stream's stats as its chunks go out
@@ -530,6 +545,12 @@ class EngineCore:
         prof.rows += b
         prof.sampling += t4 - t3
         prof.other += time.perf_counter() - t4
+
+    def _keep_rows(self, slots: np.ndarray, out: np.ndarray) -> None:
+        for i in np.flatnonzero(self.slots.keep_rows[slots]).tolist():
+            s = self.slots.streams[int(slots[i])]
+            assert s is not None
+            s.rows.append(out[i].copy())
 
     def _force_fixed(self, run: np.ndarray, b: int) -> None:
         if not self.slots.n_fixed:  # a plain int: after a decode every NumPy call runs cold
@@ -564,13 +585,16 @@ class EngineCore:
             s = tab.streams[slot]
             assert s is not None
             if ready[i]:
-                if not s.pending:
-                    s.pending_first = int(index[i])
+                f = int(index[i]) - s.prefix_frames  # a continuation's new frames count from 0
+                if f < 0:
+                    s.warm += 1  # the prefix's last frames: warm-up, like those seeded
+                elif len(s.pending) == s.warm:
+                    s.pending_first = f
                 s.pending.append(frames[i].copy())
             if done[i]:
                 s.req.stats.finish_reason = self._finish_reason(slot)
                 self._emit(slot, s, now, last=True)  # frees the slot before the last chunk goes out
-            elif s.pending and self._due(s, now):
+            elif len(s.pending) > s.warm and self._due(s, now):
                 self._emit(slot, s, now, last=False)
 
     def _due(self, s: Stream, now: float) -> bool:
@@ -581,7 +605,7 @@ class EngineCore:
         a decode, so send early when that would exhaust the slack.
         """
         target = self.chunk_frames[min(s.chunk_index, len(self.chunk_frames) - 1)]
-        missing = target - len(s.pending)
+        missing = target - (len(s.pending) - s.warm)
         if missing <= 0:
             return True
         slack = s.t_first_emit + s.frames_sent * FRAME_S - now
@@ -589,7 +613,7 @@ class EngineCore:
 
     def _emit(self, slot: int, s: Stream, now: float, last: bool) -> None:
         codes = np.stack(s.pending) if s.pending else self._empty
-        n = codes.shape[0]
+        n = codes.shape[0] - s.warm  # new frames (the warm-up ones lead)
         if n == 0 and not last:
             return
         s.req.stats.steps = int(self.slots.steps[slot])
@@ -597,10 +621,15 @@ class EngineCore:
         if s.frames_sent == 0 and n:
             s.t_first_emit = now
         s.req.stats.frames += n
+        rows = None
+        if self.slots.keep_rows[slot]:
+            rows = np.stack(s.rows) if s.rows else self._out[:0]
+            s.rows = []
         job = DecodeJob(
             s.req.rid, s.req.sink, codes, s.pending_first, int(self.slots.steps[slot]) - 1,
-            is_last=last, tick=self.ticks,
+            is_last=last, tick=self.ticks, warm=s.warm, rows=rows,
         )
+        s.warm = 0
         if last:  # the slot and its KV cells are free before its listener hears the end
             self._free(slot, job)
             return

@@ -30,6 +30,11 @@ class Stream:
     pending_first: int = 0  # frame index of pending[0]
     chunk_index: int = 0  # chunks sent so far (picks the chunk size)
     t_first_emit: float = 0.0
+    # continuation: the leading pending frames that are the audio prefix's (they warm the
+    # codec; their samples are not sent), and how many frames the prefix has
+    warm: int = 0
+    prefix_frames: int = 0
+    rows: list[np.ndarray] = field(default_factory=list)  # keep_rows: generated rows not yet sent
 
     def buffered_s(self) -> float:
         """Audio handed to the decode thread and not yet taken by the consumer.
@@ -54,6 +59,8 @@ class SlotTable:
         self.n_fixed = 0  # slots with a forced length (the step skips them all when none)
         # when a real-time listener of the slot would run dry (-inf before its first audio)
         self.audio_due = np.full(capacity, -np.inf, dtype=np.float64)
+        self.keep_rows = np.zeros(capacity, dtype=bool)  # the stream wants its raw rows
+        self.n_keep_rows = 0
 
     def free_slot(self) -> int | None:
         for i, s in enumerate(self.streams):
@@ -83,6 +90,8 @@ class SlotTable:
         self.fixed[slot] = -1 if req.fixed_frames is None else req.fixed_frames
         self.n_fixed += req.fixed_frames is not None
         self.audio_due[slot] = -np.inf
+        self.n_keep_rows += int(req.keep_rows) - int(self.keep_rows[slot])
+        self.keep_rows[slot] = req.keep_rows
         return s
 
     def release(self, slot: int) -> Stream | None:
@@ -97,4 +106,6 @@ class SlotTable:
             self.n_fixed -= 1
         self.fixed[slot] = -1
         self.audio_due[slot] = -np.inf
+        self.n_keep_rows -= int(self.keep_rows[slot])
+        self.keep_rows[slot] = False
         return s
