@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError, ModelFileError
 from .delay import delay_layout
-from .speakers import MAX_SPEAKERS, check_tags_have_voices
+from .speakers import check_speaker_count, check_tags_have_voices
 from .tokens import TokenIds
 
 
@@ -112,11 +112,7 @@ def _check_references(spec: PromptSpec, ids: TokenIds) -> list[np.ndarray | None
         raise InputError(
             f"references must be a tuple of code matrices, got {type(spec.references).__name__}"
         )
-    if len(spec.references) > MAX_SPEAKERS:
-        raise InputError(
-            f"{len(spec.references)} speaker references given; the most is {MAX_SPEAKERS} "
-            f"([S1] .. [S{MAX_SPEAKERS}])"
-        )
+    check_speaker_count(len(spec.references))
     return [
         _check_codes(r, ids, f"references[{i}] (speaker [S{i + 1}])")
         for i, r in enumerate(spec.references)
@@ -286,10 +282,9 @@ def _build(
     n_cont = 0 if cont is None else cont.shape[0]
     # continuation: the assistant turn's audio block up to its last gen slot (the official
     # processor builds the whole block, then drops its n_vq - 1 delay-slot rows and the rest)
-    tail = f"\n</user_inst>{mk.im_end}\n{mk.im_start}assistant\n"
-    if n_cont:
-        tail += mk.audio_start + mk.gen_slot * n_cont
-    text_ids = np.asarray(tokenizer.encode(head + _field(text) + tail), dtype=np.int64)
+    turn_end = f"\n</user_inst>{mk.im_end}\n{mk.im_start}assistant\n"
+    audio = mk.audio_start + mk.gen_slot * n_cont if n_cont else ""
+    text_ids = np.asarray(tokenizer.encode(head + _field(text) + turn_end + audio), dtype=np.int64)
     marker = encode_fixed(mk.audio_start)
     if list(marker) != [ids.audio_start]:
         raise ConfigError(
@@ -317,7 +312,9 @@ def _build(
         ):
             n_prefix = int(head_ids.size)
         if count_text and text is not None:
-            n_text = max(0, int(text_ids.size) - int(head_ids.size) - len(encode_fixed(tail)))
+            # the assistant block's markers are single tokens (checked by _verify)
+            fixed = int(head_ids.size) + len(encode_fixed(turn_end)) + (n_cont + 1 if n_cont else 0)
+            n_text = max(0, int(text_ids.size) - fixed)
     return BuiltPrompt(prompt, n_prefix, n_text, n_cont)
 
 

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from ..constants import MAX_SPEAKERS, SPEAKER_TAG_PATTERN
 from ..errors import InputError
 
-__all__ = ["MAX_SPEAKERS", "check_speakers", "check_tags_have_voices", "speaker_tags"]
+__all__ = [
+    "MAX_SPEAKERS",
+    "check_speaker_count",
+    "check_speakers",
+    "check_tags_have_voices",
+    "speaker_tags",
+]
 
 _TAG = re.compile(SPEAKER_TAG_PATTERN)
 
@@ -38,12 +44,16 @@ def speaker_tags(text: str | None) -> list[str]:
     return seen
 
 
-def _voiced(references: Sequence[object | None]) -> list[str]:
-    if len(references) > MAX_SPEAKERS:
+def check_speaker_count(n: int) -> None:
+    """At most ``MAX_SPEAKERS`` references (one per speaker)."""
+    if n > MAX_SPEAKERS:
         raise InputError(
-            f"{len(references)} speaker references given; the most is {MAX_SPEAKERS} "
-            f"([S1] .. [S{MAX_SPEAKERS}])"
+            f"{n} speaker references given; the most is {MAX_SPEAKERS} ([S1] .. [S{MAX_SPEAKERS}])"
         )
+
+
+def _voiced(references: Sequence[object | None]) -> list[str]:
+    check_speaker_count(len(references))
     return [f"S{i + 1}" for i, ref in enumerate(references) if ref is not None]
 
 

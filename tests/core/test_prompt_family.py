@@ -196,3 +196,24 @@ def test_check_speakers_names_the_tag_or_voice(
 ) -> None:
     with pytest.raises(InputError, match=match):
         check_speakers(text, refs)
+
+
+def test_builder_tokenises_each_request_once_in_every_mode(tok: HFTokenizer) -> None:
+    class Counting(HFTokenizer):
+        calls = 0
+
+        def encode(self, text: str) -> list[int]:
+            Counting.calls += 1
+            return super().encode(text)
+
+    counting = Counting(FIXTURES / "hf_checkpoint" / "tokenizer.json")
+    _, spec, _ = _case(16, "continuation")
+    b = PromptBuilder(counting, K16)
+    b.build(spec, prefix=True)  # the first request also tokenises the template's pieces
+    p = spec.prefix_codes
+    assert p is not None
+    for i, prefix in enumerate((p, p[:3], p[:5])):
+        Counting.calls = 0
+        built = b.build(PromptSpec(text=f"Next words {i}.", references=spec.references, prefix_codes=prefix), prefix=True)
+        assert Counting.calls == 1 and built.audio_prefix_rows == prefix.shape[0]
+        assert built.text_rows == len(tok.encode(f"Next words {i}."))
