@@ -17,3 +17,7 @@ CODEC_DECODER_PREFIXES = ("decoder.", "quantizer.")
 # characters of text one Engine.stream request (synth, speak) takes; the server cuts its text
 # into segments first, so its own limits (docs/protocol.md) are the ones its clients meet
 MAX_TEXT_CHARS = 20_000
+# dialogue (MOSS-TTSD): the text tags each turn with its speaker, [S1] .. [S5] (model card:
+# 1 to 5 speakers); reference i of a request is the voice of [S{i+1}]
+MAX_SPEAKERS = 5
+SPEAKER_TAG_PATTERN = r"\[S(\d+)\]"

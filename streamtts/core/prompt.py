@@ -2,8 +2,18 @@
 
 The text channel is the chat template below, tokenised in one piece as the
 official pipeline does; the audio channels are pad except on the reference
-block's slot rows, which carry the reference codes in delay layout. A last
+blocks' slot rows, which carry the reference codes in delay layout. A last
 ``<|audio_start|>`` row puts the model in audio mode.
+
+The whole family (contract section 8) builds its prompts here, as the official
+PyTorch processor does: any ``n_vq``; one reference block per dialogue speaker
+(``[S{i}]:\n<block>``, joined by ``\n``); and continuation, where an assistant
+audio block of prefix codes follows the user turn and the prompt is cut after
+its gen-slot rows (the prompt then ends mid delay ramp, already in audio mode,
+so no ``<|audio_start|>`` row is added). In generation mode the official
+``generate()`` lets the model choose that ``<|audio_start|>`` row as its first
+output; we put it in the prompt, as the official llama.cpp pipeline does: the
+same rows, one moved.
 
 Special-token strings are looked up by id (published tokenizer files name
 some of these ids differently), and the result is checked: if the tokenizer
@@ -23,6 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError, ModelFileError
 from .delay import delay_layout
+from .speakers import check_speaker_count, check_tags_have_voices
 from .tokens import TokenIds
 
 
@@ -38,11 +49,18 @@ class TextTokenizer(Protocol):
 class PromptSpec:
     """One request's prompt fields; ``None`` fields are written literally as ``None``.
 
-    ``reference_codes`` (T, n_vq) int codes of the reference voice (encoder
-    output), or None. ``tokens`` is the desired length in audio frames.
+    ``text``: what to say; ``None`` or blank only with ``ambient_sound`` (MOSS-SoundEffect),
+    then written ``None`` as the official processor writes an absent text.
+    ``reference_codes`` (T, n_vq) int codes of the reference voice (encoder output), or
+    None: the one-voice form of ``references``. ``references``: one (T_i, n_vq) code matrix
+    per dialogue speaker, position i for ``[S{i+1}]`` (at most ``MAX_SPEAKERS``); a ``None``
+    entry (or an empty matrix) gives that speaker no voice but keeps the numbering.
+    ``prefix_codes`` (T, n_vq): continuation from this audio (an assistant audio block, cut
+    after its T gen-slot rows); its transcript belongs at the start of ``text``, as the
+    official app puts it. ``tokens`` is the desired length in audio frames.
     """
 
-    text: str
+    text: str | None
     reference_codes: np.ndarray | None = None
     instruction: str | None = None
     tokens: int | None = None
@@ -50,6 +68,8 @@ class PromptSpec:
     sound_event: str | None = None
     ambient_sound: str | None = None
     language: str | None = None
+    references: tuple[np.ndarray | None, ...] = ()
+    prefix_codes: np.ndarray | None = None
 
 
 def _special(tokenizer: TextTokenizer, token_id: int, role: str) -> str:
@@ -62,19 +82,52 @@ def _special(tokenizer: TextTokenizer, token_id: int, role: str) -> str:
     return tok
 
 
-def _check_reference(codes: np.ndarray | None, ids: TokenIds) -> np.ndarray | None:
+def _check_codes(codes: object, ids: TokenIds, name: str) -> np.ndarray | None:
+    """``codes`` as (T, n_vq) int64 codes; None for None or no frames (the official
+    llama.cpp pipeline: an empty reference is no reference)."""
     if codes is None:
         return None
     c = np.asarray(codes)
     if c.ndim != 2 or c.shape[1] != ids.n_vq:
-        raise InputError(f"reference_codes must be (T, {ids.n_vq}), got shape {c.shape}")
+        raise InputError(f"{name} must be (T, {ids.n_vq}), got shape {c.shape}")
     if not np.issubdtype(c.dtype, np.integer):
-        raise InputError(f"reference_codes must be integers, got {c.dtype}")
+        raise InputError(f"{name} must be integers, got {c.dtype}")
     if c.shape[0] == 0:
-        return None  # as the official pipeline: an empty reference is no reference
+        return None
     if c.min() < 0 or c.max() >= ids.audio_vocab_size:
-        raise InputError(f"reference codes must be in [0, {ids.audio_vocab_size - 1}]")
+        raise InputError(f"{name}: codes must be in [0, {ids.audio_vocab_size - 1}]")
     return c.astype(np.int64, copy=False)
+
+
+def _check_references(spec: PromptSpec, ids: TokenIds) -> list[np.ndarray | None]:
+    """The voices by speaker position (``[S1]`` first); checks shape, range and count."""
+    if spec.reference_codes is not None and len(spec.references):
+        raise InputError(
+            "give the voice as reference_codes (one speaker) or as references (one per "
+            "speaker), not both"
+        )
+    if spec.reference_codes is not None:
+        return [_check_codes(spec.reference_codes, ids, "reference_codes")]
+    if not isinstance(spec.references, (tuple, list)):
+        raise InputError(
+            f"references must be a tuple of code matrices, got {type(spec.references).__name__}"
+        )
+    check_speaker_count(len(spec.references))
+    return [
+        _check_codes(r, ids, f"references[{i}] (speaker [S{i + 1}])")
+        for i, r in enumerate(spec.references)
+    ]
+
+
+def _check_text(spec: PromptSpec) -> str | None:
+    """The text, or None where it is absent (allowed only with an ambient sound)."""
+    if spec.text is not None and not isinstance(spec.text, str):
+        raise InputError(f"text must be a string, got {type(spec.text).__name__}")
+    if spec.text is not None and spec.text.strip():
+        return spec.text
+    if spec.ambient_sound is None or not str(spec.ambient_sound).strip():
+        raise InputError("text is empty (only a sound effect, with ambient_sound, needs none)")
+    return None
 
 
 def _field(value: object) -> str:
@@ -94,10 +147,12 @@ def build_prompt_ex(
     0 when the tokenizer merges across that boundary). Requests sharing voice and
     fields share those rows, which the engine's prefix cache reuses.
 
-    Raises :class:`InputError` for empty text, a bad reference, a bad
-    ``tokens`` value, or fields containing the model's special-token strings
-    (they would be tokenised as control tokens); :class:`ConfigError` when the
-    tokenizer lacks the special ids or does not treat them as single tokens.
+    Raises :class:`InputError` for empty text (allowed only with ``ambient_sound``), a bad
+    reference or prefix (shape, dtype, range), both reference forms at once, more than
+    ``MAX_SPEAKERS`` references, a speaker tag without a voice, a bad ``tokens`` value, or
+    fields containing the model's special-token strings (they would be tokenised as control
+    tokens); :class:`ConfigError` when the tokenizer lacks the special ids or does not treat
+    them as single tokens.
     """
     built = _build(tokenizer, ids, spec, tokenizer.encode, prefix=prefix, count_text=False)
     return built.rows, built.prefix_rows
@@ -109,14 +164,19 @@ class BuiltPrompt:
 
     rows: np.ndarray  # (S, 1 + n_vq) int64
     prefix_rows: int  # leading rows that do not depend on the text (0: not asked, or merged)
-    text_rows: int  # rows of the text itself: the prompt's rows less the template's
+    text_rows: int  # rows of the text itself: the prompt's rows less the template's (0: no text)
+    # continuation: the prefix's T gen-slot rows that end the prompt (the audio block began on
+    # the row before them, its <|audio_start|>); generation starts in audio mode with
+    # audio_length = audio_prefix_rows + 1, as the official generate() does. 0: generation
+    # mode (the prompt ends with the <|audio_start|> row).
+    audio_prefix_rows: int = 0
 
 
 class PromptBuilder:
     """:func:`build_prompt_ex` for one tokenizer, tokenising each request's text once.
 
-    The template's pieces without the text (the head up to ``- Text:\n``, which depends
-    only on the fields and the voice's length; the closing turn; the marker check) are
+    The template's pieces without the text (the head up to ``- Text:\\n``, which depends
+    only on the fields and the voices' lengths; the closing turn; the marker check) are
     the same for many requests: each is tokenised once and remembered (the last
     ``cache_size``), so a request costs one ``encode``, of its whole prompt.
     """
@@ -135,6 +195,50 @@ class PromptBuilder:
         return _build(self.tokenizer, self.ids, spec, self._fixed, prefix=prefix, count_text=True)
 
 
+@dataclass(frozen=True, slots=True)
+class _Markers:
+    """The special-token strings, looked up by id."""
+
+    im_start: str
+    im_end: str
+    audio_start: str
+    audio_end: str
+    user_slot: str
+    gen_slot: str
+    all: frozenset[str]
+
+
+def _markers(tokenizer: TextTokenizer, ids: TokenIds) -> _Markers:
+    im_start = _special(tokenizer, ids.im_start, "<|im_start|>")
+    im_end = _special(tokenizer, ids.im_end, "<|im_end|>")
+    audio_start = _special(tokenizer, ids.audio_start, "<|audio_start|>")
+    audio_end = _special(tokenizer, ids.audio_end, "<|audio_end|>")
+    user_slot = _special(tokenizer, ids.user_slot, "audio user slot")
+    gen_slot = _special(tokenizer, ids.gen_slot, "audio gen slot")
+    others = (_special(tokenizer, ids.pad, "<|endoftext|>"),
+              _special(tokenizer, ids.delay_slot, "audio delay slot"))
+    every = frozenset((im_start, im_end, audio_start, audio_end, user_slot, gen_slot, *others))
+    return _Markers(im_start, im_end, audio_start, audio_end, user_slot, gen_slot, every)
+
+
+def _check_fields(spec: PromptSpec, text: str | None, markers: _Markers) -> None:
+    """No field may hold a marker string: it would be tokenised as a control token."""
+    fields = {
+        "text": text,
+        "instruction": spec.instruction,
+        "quality": spec.quality,
+        "sound_event": spec.sound_event,
+        "ambient_sound": spec.ambient_sound,
+        "language": spec.language,
+    }
+    for name, value in fields.items():
+        if value is None:
+            continue
+        for sp in markers.all:
+            if sp in str(value):
+                raise InputError(f"{name} contains the special token string {sp!r}")
+
+
 def _build(
     tokenizer: TextTokenizer,
     ids: TokenIds,
@@ -145,51 +249,27 @@ def _build(
     count_text: bool,
 ) -> BuiltPrompt:
     """The prompt; ``encode_fixed`` tokenises the pieces that do not hold the text."""
-    if not isinstance(spec.text, str) or not spec.text.strip():
-        raise InputError("text is empty")
+    text = _check_text(spec)
     if spec.tokens is not None and (
         isinstance(spec.tokens, bool) or not isinstance(spec.tokens, int) or spec.tokens < 1
     ):
         raise InputError(
             f"tokens (duration in frames) must be a positive integer, got {spec.tokens!r}"
         )
-    ref = _check_reference(spec.reference_codes, ids)
-
-    im_start = _special(tokenizer, ids.im_start, "<|im_start|>")
-    im_end = _special(tokenizer, ids.im_end, "<|im_end|>")
-    audio_start = _special(tokenizer, ids.audio_start, "<|audio_start|>")
-    audio_end = _special(tokenizer, ids.audio_end, "<|audio_end|>")
-    user_slot = _special(tokenizer, ids.user_slot, "audio user slot")
-    specials = {
-        im_start,
-        im_end,
-        audio_start,
-        audio_end,
-        user_slot,
-        _special(tokenizer, ids.pad, "<|endoftext|>"),
-        _special(tokenizer, ids.gen_slot, "audio gen slot"),
-        _special(tokenizer, ids.delay_slot, "audio delay slot"),
-    }
-    fields = {
-        "text": spec.text,
-        "instruction": spec.instruction,
-        "quality": spec.quality,
-        "sound_event": spec.sound_event,
-        "ambient_sound": spec.ambient_sound,
-        "language": spec.language,
-    }
-    for name, value in fields.items():
-        if value is None:
-            continue
-        for sp in specials:
-            if sp in value:
-                raise InputError(f"{name} contains the special token string {sp!r}")
+    refs = _check_references(spec, ids)
+    check_tags_have_voices(text, refs)
+    cont = _check_codes(spec.prefix_codes, ids, "prefix_codes")
+    mk = _markers(tokenizer, ids)
+    _check_fields(spec, text, mk)
 
     k_n = ids.n_vq
-    n_slots = 0 if ref is None else ref.shape[0] + k_n - 1
-    ref_str = "None" if ref is None else f"[S1]:\n{audio_start}{user_slot * n_slots}{audio_end}"
+    # (speaker number, codes, slot rows) of each given voice; a None keeps its number
+    voices = [(i + 1, r, r.shape[0] + k_n - 1) for i, r in enumerate(refs) if r is not None]
+    ref_str = "\n".join(
+        f"[S{n}]:\n{mk.audio_start}{mk.user_slot * slots}{mk.audio_end}" for n, _, slots in voices
+    ) or "None"
     head = (
-        f"{im_start}user\n<user_inst>\n"
+        f"{mk.im_start}user\n<user_inst>\n"
         f"- Reference(s):\n{ref_str}\n"
         f"- Instruction:\n{_field(spec.instruction)}\n"
         f"- Tokens:\n{_field(spec.tokens)}\n"
@@ -199,41 +279,61 @@ def _build(
         f"- Language:\n{_field(spec.language)}\n"
         f"- Text:\n"
     )
-    turn_end = f"\n</user_inst>{im_end}\n{im_start}assistant\n"
-    text_ids = np.asarray(tokenizer.encode(head + spec.text + turn_end), dtype=np.int64)
-    tail = encode_fixed(audio_start)
-    if list(tail) != [ids.audio_start]:
+    n_cont = 0 if cont is None else cont.shape[0]
+    # continuation: the assistant turn's audio block up to its last gen slot (the official
+    # processor builds the whole block, then drops its n_vq - 1 delay-slot rows and the rest)
+    turn_end = f"\n</user_inst>{mk.im_end}\n{mk.im_start}assistant\n"
+    audio = mk.audio_start + mk.gen_slot * n_cont if n_cont else ""
+    text_ids = np.asarray(tokenizer.encode(head + _field(text) + turn_end + audio), dtype=np.int64)
+    marker = encode_fixed(mk.audio_start)
+    if list(marker) != [ids.audio_start]:
         raise ConfigError(
-            f"the tokenizer encodes {audio_start!r} as {list(tail)[:8]}, not the single id "
-            f"{ids.audio_start}: it does not treat the model's markers as special tokens"
+            f"the tokenizer encodes {mk.audio_start!r} as {list(marker)[:8]}, not the single "
+            f"id {ids.audio_start}: it does not treat the model's markers as special tokens"
         )
-    block = _verify(text_ids, ids, n_slots)
+    starts = _verify(text_ids, ids, [slots for _, _, slots in voices], n_cont)
 
-    s_n = text_ids.shape[0] + 1
+    s_n = text_ids.shape[0] + (0 if n_cont else 1)
     prompt = np.full((s_n, 1 + k_n), ids.audio_pad_code, dtype=np.int64)
-    prompt[:-1, 0] = text_ids
-    prompt[-1, 0] = ids.audio_start
-    if ref is not None:
-        first = block + 1
-        prompt[first : first + n_slots, 1:] = delay_layout(ref, ids.audio_pad_code)
+    prompt[: text_ids.shape[0], 0] = text_ids
+    if not n_cont:
+        prompt[-1, 0] = ids.audio_start
+    for (_, codes, slots), start in zip(voices, starts, strict=False):
+        prompt[start + 1 : start + 1 + slots, 1:] = delay_layout(codes, ids.audio_pad_code)
+    if cont is not None:
+        # the first T rows of the prefix's delay layout: its last frames' upper codebooks
+        # are still to come, as the ramp of the generation that continues it
+        prompt[s_n - n_cont :, 1:] = delay_layout(cont, ids.audio_pad_code)[:n_cont]
     n_prefix = n_text = 0
     if prefix or count_text:
         head_ids = np.asarray(encode_fixed(head), dtype=np.int64)
-        if prefix and head_ids.size < text_ids.size and np.array_equal(text_ids[: head_ids.size], head_ids):
+        if prefix and head_ids.size < text_ids.size and np.array_equal(
+            text_ids[: head_ids.size], head_ids
+        ):
             n_prefix = int(head_ids.size)
-        if count_text:
-            n_text = max(0, int(text_ids.size) - int(head_ids.size) - len(encode_fixed(turn_end)))
-    return BuiltPrompt(prompt, n_prefix, n_text)
+        if count_text and text is not None:
+            # the assistant block's markers are single tokens (checked by _verify)
+            fixed = int(head_ids.size) + len(encode_fixed(turn_end)) + (n_cont + 1 if n_cont else 0)
+            n_text = max(0, int(text_ids.size) - fixed)
+    return BuiltPrompt(prompt, n_prefix, n_text, n_cont)
 
 
-def _verify(text_ids: np.ndarray, ids: TokenIds, n_slots: int) -> int:
+def _verify(text_ids: np.ndarray, ids: TokenIds, blocks: list[int], n_gen: int) -> list[int]:
     """Check the markers came out as single tokens where expected.
 
-    Returns the row of the reference block's ``<|audio_start|>`` (-1 without one).
+    ``blocks``: the slot rows of each reference block, in order; ``n_gen``: the gen slots
+    of the assistant block that ends the prompt (0: none). Returns the row of each
+    reference block's ``<|audio_start|>``.
     """
-    expected = {ids.im_start: 2, ids.im_end: 1}
-    n_markers = 1 if n_slots else 0
-    expected.update({ids.audio_start: n_markers, ids.audio_end: n_markers, ids.user_slot: n_slots})
+    expected = {
+        ids.im_start: 2,
+        ids.im_end: 1,
+        ids.audio_start: len(blocks) + (1 if n_gen else 0),
+        ids.audio_end: len(blocks),
+        ids.user_slot: sum(blocks),
+        ids.gen_slot: n_gen,
+        ids.delay_slot: 0,
+    }
     for token_id, count in expected.items():
         got = int(np.count_nonzero(text_ids == token_id))
         if got != count:
@@ -243,16 +343,22 @@ def _verify(text_ids: np.ndarray, ids: TokenIds, n_slots: int) -> int:
             )
     if text_ids[0] != ids.im_start:
         raise ConfigError(f"the prompt does not start with <|im_start|> (id {ids.im_start})")
-    if not n_slots:
-        return -1
-    start = int(np.flatnonzero(text_ids == ids.audio_start)[0])
-    end = int(np.flatnonzero(text_ids == ids.audio_end)[0])
-    if end != start + n_slots + 1 or not np.all(text_ids[start + 1 : end] == ids.user_slot):
-        raise ConfigError(
-            "the reference block did not tokenise as <|audio_start|>, "
-            f"{n_slots} x slot, <|audio_end|>: the tokenizer merges the markers"
-        )
-    return start
+    starts = [int(i) for i in np.flatnonzero(text_ids == ids.audio_start)]
+    ends = [int(i) for i in np.flatnonzero(text_ids == ids.audio_end)]
+    for start, end, n_slots in zip(starts, ends, blocks, strict=False):
+        if end != start + n_slots + 1 or not np.all(text_ids[start + 1 : end] == ids.user_slot):
+            raise ConfigError(
+                "a reference block did not tokenise as <|audio_start|>, "
+                f"{n_slots} x slot, <|audio_end|>: the tokenizer merges the markers"
+            )
+    if n_gen:
+        last = starts[-1]
+        if last != text_ids.size - n_gen - 1 or not np.all(text_ids[last + 1 :] == ids.gen_slot):
+            raise ConfigError(
+                f"the prefix's audio block did not tokenise as <|audio_start|>, {n_gen} x gen "
+                "slot at the prompt's end: the tokenizer merges the markers"
+            )
+    return starts[: len(blocks)]
 
 
 class HFTokenizer:

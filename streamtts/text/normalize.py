@@ -31,7 +31,12 @@ Rules, applied in this order:
    one; a run of ``!``/``?`` becomes ``！``, ``？`` or ``？！``.
 9. Spaces again, then placeholders are restored and the ends trimmed.
 
-``[...]`` and ``{...}`` (speaker tags, sound events) are kept as they are.
+``[...]`` and ``{...}`` (speaker tags, sound events) are kept as they are. A ``[...]``
+on one line (up to ``MAX_BRACKET_CHARS`` inside) is protected like the tokens of rule 3,
+before them: ``[pause 1.5s]``, ``[S1]``, ``[laughs]`` pass unchanged, contents included, but
+for runs of spaces inside, which collapse to one. The official code means to keep them so
+("preserve the contents of [] and {}") but still rewrites arrows, dashes and repeated
+punctuation inside them; v1.5 reads ``[pause X.Ys]`` as a pause and TTSD ``[S1]`` as a turn.
 
 The behaviour follows ``moss_tts_delay/tts_robust_normalizer_single_script.py``
 of OpenMOSS/MOSS-TTS (reimplemented, not copied), with one deliberate fix:
@@ -44,7 +49,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["normalize_text"]
+__all__ = ["MAX_BRACKET_CHARS", "normalize_text"]
 
 # -- character classes (regex class bodies) ---------------------------------------------
 
@@ -141,6 +146,33 @@ _ANY_SLOT = re.compile(f"[{_SLOT}]")
 
 def _restore_tokens(text: str, spans: list[str]) -> str:
     return _ANY_SLOT.sub(lambda m: spans[ord(m[0]) - _SLOT_BASE], text)
+
+
+# Bracket spans get placeholders from plane-16 private use (also dropped by rule 1): unlike
+# rule 3's they are no Latin word, so the spacing rules treat them as they treat "[" and "]".
+MAX_BRACKET_CHARS = 64
+_BRACKET = re.compile(rf"\[ [^\[\]\n]{{0,{MAX_BRACKET_CHARS}}} \]", re.X)
+_BRACKET_BASE = 0x100000
+_BRACKET_COUNT = 0x10FFFE - _BRACKET_BASE
+_ANY_BRACKET = re.compile("[\U00100000-\U0010fffd]")
+
+
+def _protect_brackets(text: str) -> tuple[str, list[str]]:
+    """Stash each ``[...]`` (spaces collapsed), before rule 3: a token that holds one (a URL,
+    a #tag) holds its placeholder, restored after the token's."""
+    brackets: list[str] = []
+
+    def stash(match: re.Match[str]) -> str:
+        if len(brackets) >= _BRACKET_COUNT:
+            return match[0]
+        brackets.append(_INLINE_SPACE_RUN.sub(" ", match[0]))
+        return chr(_BRACKET_BASE + len(brackets) - 1)
+
+    return _BRACKET.sub(stash, text), brackets
+
+
+def _restore_brackets(text: str, brackets: list[str]) -> str:
+    return _ANY_BRACKET.sub(lambda m: brackets[ord(m[0]) - _BRACKET_BASE], text)
 
 
 def _protect_tokens(text: str) -> tuple[str, list[str]]:
@@ -250,6 +282,7 @@ def normalize_text(text: str) -> str:
     """Normalise ``text`` the way the official MOSS-TTS-Delay processor does."""
     text = _clean_unicode(text)
     text = _strip_markdown(text)
+    text, brackets = _protect_brackets(text)
     text, spans = _protect_tokens(text)
     text = _collapse_spaces(text)
     text = _unwrap_headline_brackets(text)
@@ -257,4 +290,4 @@ def normalize_text(text: str) -> str:
     text = _dashes_to_full_stop(text)
     text = _collapse_repeated_punctuation(text)
     text = _collapse_spaces(text)
-    return _restore_tokens(text, spans).strip()
+    return _restore_brackets(_restore_tokens(text, spans), brackets).strip()

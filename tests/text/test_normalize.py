@@ -298,3 +298,28 @@ def test_paragraph_is_fast() -> None:
         normalize_text(_PARAGRAPH)
     per_call = (time.perf_counter() - start) / runs
     assert per_call < 1e-3, f"{per_call * 1e6:.0f} us per paragraph"
+
+
+# -- [...] is kept whole: [pause X.Ys] (v1.5), [S1] (dialogue), sound events ------------------
+
+_TAGS = ["[pause 1.5s]", "[pause 0.3s]", "[S1]", "[laughs]", "[a -> b]", "[wow!!!]", "[...]",
+         "[a -- b]", "[笑haha]", "[ S1 ]", "[]", "[v1.2.3 #x @y]"]
+
+
+@pytest.mark.parametrize("tag", _TAGS)
+@pytest.mark.parametrize(
+    "around", ["Hello {} world.", "你好{}世界。", "{}", "Wait, {}, then go.", "[S1] Hi. {} [S2] Ho."]
+)
+def test_brackets_pass_unchanged(tag: str, around: str) -> None:
+    text = around.format(tag)
+    assert normalize_text(text) == text
+
+
+def test_runs_of_spaces_inside_brackets_collapse() -> None:
+    assert normalize_text("a [pause \t 1.5s ] b") == "a [pause 1.5s ] b"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab1 .。，,!?！？-—>#@/{}【】《》中文", max_size=30).filter(lambda s: "  " not in s))
+def test_any_bracket_contents_are_kept(contents: str) -> None:
+    assert f"[{contents}]" in normalize_text(f"你好 [{contents}] world.")

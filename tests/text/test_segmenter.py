@@ -152,3 +152,145 @@ def test_any_split_of_the_text_gives_the_same_segments(
     # no letter or digit is lost, reordered or duplicated
     assert [c for c in "".join(whole) if c.isalnum()] == [c for c in text if c.isalnum()]
     assert all(s == s.strip() and s for s in whole)
+
+
+# -- [...], [pause X.Ys] and dialogue turns -------------------------------------------------
+
+BRACKETS = ["[pause 1.5s]", "[laughs loudly]", "[pause 0.3s]", "[whispering, softly.]"]
+
+
+@pytest.mark.parametrize("max_chars", [8, 12, 20, 40])
+def test_no_cut_inside_brackets(max_chars: int) -> None:
+    text = "Some words here, then [laughs loudly] and more words [pause 1.5s] go on. [whispering, softly.] end"
+    segs = split_text(text, SegmenterConfig(min_chars=0, clause_min_chars=0, max_chars=max_chars))
+    for b in ("[laughs loudly]", "[pause 1.5s]", "[whispering, softly.]"):
+        assert sum(b in s for s in segs) == 1, segs
+    assert " ".join(segs) == text
+
+
+def test_an_unclosed_bracket_is_plain_text_after_a_while() -> None:
+    # punctuation inside an open "[" ends nothing, until MAX_BRACKET_CHARS show it never closes
+    assert split_text("An open [ bracket. It never closes, so. " + "x" * 70 + ". Next sentence here.") == [
+        "An open [ bracket. It never closes, so. " + "x" * 70 + ".",
+        "Next sentence here.",
+    ]
+
+
+def test_a_pause_is_a_cut_point() -> None:
+    assert split_text("Hello there my good friend [pause 1.5s] and then some more words follow.") == [
+        "Hello there my good friend [pause 1.5s]",
+        "and then some more words follow.",
+    ]
+    # not before punctuation that belongs to the words before it
+    assert split_text("Hello there my good friend [pause 1.5s], and then more words follow.") == [
+        "Hello there my good friend [pause 1.5s], and then more words follow."
+    ]
+    # too short for a segment of its own: kept with what follows
+    assert split_text("Hi [pause 1s] there, friend.") == ["Hi [pause 1s] there, friend."]
+
+
+def test_a_long_turn_is_cut_at_a_pause_before_a_sentence_end() -> None:
+    cfg = SegmenterConfig(max_chars=60)
+    text = "[S1] One sentence of a turn [pause 1s] that goes on. And it goes on and on without end, friend."
+    assert split_text(text, cfg) == [
+        "[S1] One sentence of a turn [pause 1s]",
+        "[S1] that goes on. And it goes on and on without end, friend.",
+    ]
+
+
+def test_dialogue_turns_are_segments() -> None:
+    text = "[S1] Hi, how are you doing today, my friend? [S2] Fine, thanks, and how about you? [S1] Good."
+    assert split_text(text) == [
+        "[S1] Hi, how are you doing today, my friend?",
+        "[S2] Fine, thanks, and how about you?",
+        "[S1] Good.",
+    ]
+
+
+def test_short_turns_share_a_segment_and_sentences_do_not_cut_a_turn() -> None:
+    assert split_text("[S1] Hi. [S2] Yo. [S1] Okay then, so we meet again at last. Really. [S2] Sure.") == [
+        "[S1] Hi. [S2] Yo. [S1] Okay then, so we meet again at last. Really.",
+        "[S2] Sure.",
+    ]
+
+
+def test_a_long_turn_is_cut_at_sentences_and_continues_with_its_tag() -> None:
+    turn = " ".join(f"Sentence {i} of a long turn." for i in range(10))
+    text = f"[S1] {turn} [S2] A short answer, friend. [S1] Bye now."
+    cfg = SegmenterConfig(max_chars=80)
+    segs = split_text(text, cfg)
+    assert all(s.startswith(("[S1] ", "[S2] ")) for s in segs)
+    assert all(len(s[5:].replace(" ", "")) <= 80 for s in segs)
+    s1 = [s for s in segs if s.startswith("[S1]")]
+    assert " ".join(s[5:] for s in s1[:-1]) == turn  # cut only at sentence ends
+    assert all(s.endswith(".") for s in segs)
+    assert segs[-2:] == ["[S2] A short answer, friend.", "[S1] Bye now."]
+
+
+def test_a_tag_is_never_cut_from_its_words() -> None:
+    for text in ("[S1] " + "word " * 40, "[S1]" + "字" * 40, "[S2] " + "long" * 30):
+        segs = split_text(text, SegmenterConfig(max_chars=20))
+        assert len(segs) > 1
+        assert all(s.startswith(text[:4]) and len(s) > 5 for s in segs), segs
+    segs = split_text("[S1] a b. [S2] " + "字" * 40, SegmenterConfig(max_chars=20))
+    assert segs[0] == "[S1] a b." and all(s.startswith("[S2]") for s in segs[1:])
+
+
+def test_cjk_dialogue() -> None:
+    assert split_text("[S1]你好，今天天气很好。[S2]收到，我们出去走走吧。[S1]好的。") == [
+        "[S1]你好，今天天气很好。",
+        "[S2]收到，我们出去走走吧。",
+        "[S1]好的。",
+    ]
+
+
+def test_the_turn_continues_across_feeds_and_flush() -> None:
+    seg = Segmenter()
+    assert seg.feed("[S2] Hello there, this is a long") == []
+    assert seg.flush() == ["[S2] Hello there, this is a long"]
+    assert seg.feed("sentence of mine, which goes on. [S1") == []
+    assert seg.feed("] Hi.") == ["[S2] sentence of mine, which goes on."]
+    assert seg.flush() == ["[S1] Hi."]
+
+
+def test_a_lone_tag_is_not_a_segment() -> None:
+    assert split_text("[S1] Hello there, you are long enough. [S2]") == [
+        "[S1] Hello there, you are long enough."
+    ]
+
+
+DIALOGUE_ALPHABET = st.sampled_from(
+    list("abcdefgh xyz  ..,,!?;:\n31[]") + ["[S1]", "[S2] ", "[S3]", "[pause 1.5s]", " [pause 2s] ",
+                                          "[laughs]", "Mr.", "3.5", "。", "，", "你", "好"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(DIALOGUE_ALPHABET, min_size=0, max_size=120),
+    cuts=st.lists(st.integers(0, 500), max_size=60),
+    min_chars=st.integers(0, 30),
+    max_chars=st.integers(8, 80),
+)
+def test_dialogue_any_split_gives_the_same_segments(
+    parts: list[str], cuts: list[int], min_chars: int, max_chars: int
+) -> None:
+    import re
+
+    text = "".join(parts)
+    cfg = SegmenterConfig(min_chars=min_chars, clause_min_chars=40, max_chars=max_chars)
+    whole = split_text(text, cfg)
+    assert feed_pieces(text, [c for c in cuts if c <= len(text)], cfg) == whole
+    assert feed_pieces(text, list(range(len(text))), cfg) == whole
+    tag = re.compile(r"\[S\d+\]")
+    # no letter or digit is lost, reordered or duplicated, but for the tags put back
+    assert [c for c in tag.sub("", "".join(whole)) if c.isalnum()] == [
+        c for c in tag.sub("", text) if c.isalnum()
+    ]
+    assert all(s == s.strip() and s for s in whole)
+    # once a segment held a tag, each segment after it names its speaker first
+    tagged = [i for i, s in enumerate(whole) if tag.search(s)]
+    if tagged:
+        assert all(tag.match(s) for s in whole[tagged[0] + 1 :])
+    for s in whole[:-1]:
+        assert not re.search(r"\[S\d+\]\s*\Z", s)  # no tag ends a segment
