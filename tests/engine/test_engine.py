@@ -304,9 +304,13 @@ def test_decode_error_reaches_consumer_with_cause(demo_model_dir: Path) -> None:
     run(main())
 
 
-def test_voice_cloning_reference_goes_into_prompt(demo_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("n_vq", [32, 16])
+def test_voice_cloning_reference_goes_into_prompt(
+    request: pytest.FixtureRequest, n_vq: int, tmp_path: Path
+) -> None:
     import soundfile as sf
 
+    demo_model_dir = demo_dir_for(request, n_vq)
     t = np.arange(int(16000 * 1.3)) / 16000
     wav = 0.3 * np.sin(2 * np.pi * 220 * t)
     stereo = np.stack([wav, wav * 0.5], axis=1)
@@ -321,10 +325,10 @@ def test_voice_cloning_reference_goes_into_prompt(demo_model_dir: Path, tmp_path
             return voice, with_ref.stats, without.stats
 
     voice, with_ref, without = run(main())
-    # 1.3 s at 24 kHz padded to whole 80 ms frames
-    assert voice.codes.shape == (17, 32)
-    # the reference block adds T + 31 slot rows plus the "[S1]:" header
-    assert with_ref.prompt_rows - without.prompt_rows >= 17 + 31
+    # 1.3 s at 24 kHz padded to whole 80 ms frames; the first n_vq of the codec's 32 levels
+    assert voice.codes.shape == (17, n_vq)
+    # the reference block adds T + n_vq - 1 slot rows plus the "[S1]:" header
+    assert with_ref.prompt_rows - without.prompt_rows >= 17 + n_vq - 1
 
 
 def test_sync_wrapper(demo_model_dir: Path) -> None:
