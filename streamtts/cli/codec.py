@@ -195,8 +195,8 @@ def decoder_n_vq(path: str | Path) -> int:
     loading it then says what is wrong)."""
     import json
 
-    from ..codec.stamp import KEY_LAYOUT
     from ..codec.build.tensorrt import streaming_onnx_meta
+    from ..codec.stamp import KEY_LAYOUT
 
     try:
         return int(json.loads(streaming_onnx_meta(Path(path))[KEY_LAYOUT])["n_q"])
