@@ -62,7 +62,7 @@ def prepare(work: Path, shape_name: str, quant: str) -> tuple[Path, Path, float,
 
     marker = work / "random-model.json"
     shape = random_quant.SHAPES[shape_name]
-    want = {"shape": shape.__dict__, "quant": quant, "seed": 0}
+    want = {"shape": shape.__dict__, "quant": quant, "seed": 0, "n_vq": 32}
     t0 = time.monotonic()
     cfg = work / "config.yaml"
     if not (marker.is_file() and json.loads(marker.read_text()) == want and cfg.is_file()):

@@ -142,6 +142,37 @@ def real_codec_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_model_16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo model with 16 codebooks (as TTSD, VoiceGenerator, SoundEffect)."""
+    from streamtts.demo.model import write_demo_model
+
+    root = tmp_path_factory.mktemp("demo-model-16")
+    write_demo_model(root, "tiny", seed=0, n_vq=16)
+    return root
+
+
+@pytest.fixture(scope="session")
+def real_codec_16_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 16-codebook tiny demo model with the real codec architecture: its decoders built
+    for the codec's first 16 levels (``codec build --n-vq 16``)."""
+    from streamtts.demo.model import write_demo_model
+
+    root = tmp_path_factory.mktemp("demo-real-codec-16")
+    write_demo_model(root, "tiny", seed=0, codec="real", n_vq=16)
+    return root
+
+
+def demo_dir_for(request: pytest.FixtureRequest, n_vq: int, *, real_codec: bool = False) -> Path:
+    """The session's demo model with ``n_vq`` codebooks (32 or 16), tone or real codec."""
+    names = {
+        (32, False): "demo_model_dir", (16, False): "demo_model_16_dir",
+        (32, True): "real_codec_model_dir", (16, True): "real_codec_16_model_dir",
+    }  # fmt: skip
+    path: Path = request.getfixturevalue(names[(n_vq, real_codec)])
+    return path
+
+
+@pytest.fixture(scope="session")
 def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4 s, 24 kHz reference recording (a wobbling tone)."""
     import soundfile as sf

@@ -242,7 +242,7 @@ def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> n
 
 
 def encode_reference(encoder: _Encoder, wav: np.ndarray) -> np.ndarray:
-    """Encode a :func:`load_reference` waveform -> (T, 32) int64 codes, T = len(wav) / 1920."""
+    """Encode a :func:`load_reference` waveform -> (T, n_vq) int64 codes, T = len(wav) / 1920."""
     if wav.ndim != 1 or wav.shape[0] == 0 or wav.shape[0] % FRAME_SAMPLES:
         raise ReferenceAudioError(
             f"reference waveform must be 1-D with a positive multiple of {FRAME_SAMPLES} samples, "

@@ -42,16 +42,24 @@ def _add_commands(csub: Any) -> None:
     b.add_argument(
         "--dtype", choices=_DTYPES, default="float32", help="storage type of the weights"
     )
+    b.add_argument(
+        "--n-vq",
+        type=int,
+        help="codebooks the decoders take: the model's n_vq (its config.json; 16 for TTSD, "
+        "VoiceGenerator, SoundEffect), the codec's first N levels (default: all, 32)",
+    )
     b.set_defaults(handler=_build)
 
     d = csub.add_parser(
         "decode",
         help="stream a code file through the streaming decoder in a chunk pattern",
-        description="Decode codes (a .npy of shape (32, B, T) or (T, 32)) chunk by chunk, as a "
-        "stream would arrive, and write the PCM (.npy: (B, T*1920), or (T*1920,) for (T, 32)).",
+        description="Decode codes (a .npy of shape (n_vq, B, T) or (T, n_vq)) chunk by chunk, as "
+        "a stream would arrive, and write the PCM (.npy: (B, T*1920), or (T*1920,) for (T, n_vq)).",
     )
     d.add_argument("--decoder", required=True, help="decoder_streaming.onnx")
-    d.add_argument("--codes", required=True, help="codes .npy: (32, B, T) or (T, 32) integers")
+    d.add_argument(
+        "--codes", required=True, help="codes .npy: (n_vq, B, T) or (T, n_vq) integers"
+    )
     d.add_argument(
         "--chunks",
         default="1",
@@ -126,12 +134,13 @@ def _build(args: argparse.Namespace) -> int:
         offline_out=args.offline_out,
         dtype=args.dtype,
         progress=sys.stderr.isatty(),
+        n_vq=args.n_vq,
     )
     for what, path in (("streaming", r.streaming), ("offline", r.offline)):
         if path is not None:
             print(f"wrote {path} ({what}, {r.dtype})")
     print(
-        f"{r.arch.describe()}\n"
+        f"{r.arch.describe()}; {r.arch.quantizer.n_q} codebooks\n"
         f"state per stream slot: {r.state_bytes_per_slot / 1e6:.1f} MB; built in {r.seconds:.1f} s"
     )
     return 0
@@ -147,21 +156,24 @@ def parse_chunks(text: str) -> list[int]:
     return chunks
 
 
-def load_codes(path: str | Path) -> tuple[np.ndarray, bool]:
-    """A code file as (B, T, 32) int64; True when it was (T, 32) (one stream)."""
+def load_codes(path: str | Path, n_vq: int = 32) -> tuple[np.ndarray, bool]:
+    """A code file as (B, T, n_vq) int64; True when it was (T, n_vq) (one stream)."""
     try:
         codes = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read codes: {exc}") from exc
-    if codes.ndim == 2 and codes.shape[1] == 32:
+    if codes.ndim == 2 and codes.shape[1] == n_vq:
         return codes[None].astype(np.int64), True
-    if codes.ndim == 3 and codes.shape[0] == 32:
+    if codes.ndim == 3 and codes.shape[0] == n_vq:
         return np.ascontiguousarray(codes.transpose(1, 2, 0)).astype(np.int64), False
-    raise ConfigError(f"{path}: codes of shape {codes.shape}; expected (32, B, T) or (T, 32)")
+    raise ConfigError(
+        f"{path}: codes of shape {codes.shape}; expected ({n_vq}, B, T) or (T, {n_vq}) "
+        f"(the decoder's n_vq)"
+    )
 
 
 def stream_decode(decoder: Any, codes: np.ndarray, chunks: list[int]) -> np.ndarray:
-    """Decode (B, T, 32) codes as B streams fed ``chunks`` frames per call -> (B, T*1920)."""
+    """Decode (B, T, n_vq) codes as B streams fed ``chunks`` frames per call -> (B, T*1920)."""
     b, t, _ = codes.shape
     slots = [decoder.acquire() for _ in range(b)]
     parts: list[np.ndarray] = []
@@ -178,11 +190,25 @@ def stream_decode(decoder: Any, codes: np.ndarray, chunks: list[int]) -> np.ndar
     return np.concatenate(parts, axis=1) if parts else np.zeros((b, 0), np.float32)
 
 
+def decoder_n_vq(path: str | Path) -> int:
+    """The codebooks a streaming decoder takes (its build metadata; 32 when unreadable:
+    loading it then says what is wrong)."""
+    import json
+
+    from ..codec.build.tensorrt import streaming_onnx_meta
+    from ..codec.stamp import KEY_LAYOUT
+
+    try:
+        return int(json.loads(streaming_onnx_meta(Path(path))[KEY_LAYOUT])["n_q"])
+    except (StreamTTSError, OSError, KeyError, TypeError, ValueError):
+        return 32
+
+
 def _decode(args: argparse.Namespace) -> int:
     from ..codec.streaming import StreamingDecoder
 
     chunks = parse_chunks(args.chunks)
-    codes, single = load_codes(args.codes)
+    codes, single = load_codes(args.codes, decoder_n_vq(args.decoder))
     dec = StreamingDecoder(
         args.decoder,
         n_slots=codes.shape[0],
@@ -232,7 +258,9 @@ def _check_build_engine(args: argparse.Namespace) -> None:
 
 
 def _build_engine(args: argparse.Namespace) -> int:
+    from ..codec import model_n_vq
     from ..codec.build.tensorrt import BuildOptions, build_engine, describe_plan
+    from ..constants import N_VQ
 
     cfg = load_config_or_demo(args.config, demo=not args.onnx)
     kind = args.kind
@@ -254,6 +282,7 @@ def _build_engine(args: argparse.Namespace) -> int:
         precision=args.precision,
         workspace_bytes=int(args.workspace_gb * (1 << 30)),
         max_reference_seconds=args.max_reference_seconds,
+        n_vq=model_n_vq(cfg) if cfg is not None else N_VQ,  # the model's codebooks
     )
     print(describe_plan(opts, kind))
     if args.dry_run:

@@ -15,6 +15,8 @@ def _check_demo_model(args: argparse.Namespace) -> None:
         raise UsageError(f"DIR {args.dir}: exists and is not a folder")
     if not d.parent.is_dir():
         raise UsageError(f"DIR {args.dir}: folder {d.parent} does not exist (create it: mkdir -p {d.parent})")
+    if not 3 <= args.n_vq <= 32:
+        raise UsageError(f"--n-vq {args.n_vq}: expected 3..32 (the codec's levels; 16 or 32 in the family)")
 
 
 def _demo_model(args: argparse.Namespace) -> int:
@@ -23,7 +25,7 @@ def _demo_model(args: argparse.Namespace) -> int:
     from ..demo.model import write_demo_model
 
     t0 = time.perf_counter()
-    cfg = write_demo_model(args.dir, args.preset, args.seed, codec=args.codec)
+    cfg = write_demo_model(args.dir, args.preset, args.seed, codec=args.codec, n_vq=args.n_vq)
     size = sum(f.stat().st_size for f in Path(args.dir).rglob("*") if f.is_file())
     print(f"wrote the {args.preset} demo model ({size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s")
     print(f"try it: streamtts synth --config {cfg} --text 'Hello there.' --out hello.wav")
@@ -42,4 +44,8 @@ def add_parser(sub: Any) -> None:
         help="tones: a toy decoder of soft tones; real: the real decoder architecture "
         "(small, random weights) with its exact streaming graph",
     )
+    d.add_argument(
+        "--n-vq", type=int, default=32,
+        help="codebooks per frame: 32 (MOSS-TTS) or 16 (as TTSD, VoiceGenerator, SoundEffect)",
+    )  # fmt: skip
     d.set_defaults(handler=_demo_model, check=_check_demo_model)

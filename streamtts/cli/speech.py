@@ -262,7 +262,7 @@ def add_parser(sub: Any) -> None:
     add_model_args(s)
     s.add_argument("--text", required=True, help="the text to speak")
     s.add_argument("--out", default="out.wav", help="audio file to write (.wav, .flac, .ogg, ...)")
-    s.add_argument("--codes-out", help="also write the de-delayed (T, 32) int64 codes as .npy")
+    s.add_argument("--codes-out", help="also write the de-delayed (T, n_vq) int64 codes as .npy")
     s.add_argument("--no-loudness", action="store_true", help="skip the whole-file loudness normalisation")
     s.add_argument(
         "--timestamps", metavar="FILE.json",

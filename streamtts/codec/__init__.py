@@ -6,7 +6,11 @@ it lazily, so ``import streamtts.codec`` never pulls in ONNX Runtime or
 TensorRT (a process that only uses one backend does not need the other).
 
 Shapes are in the engine's layout (frames first, codebooks last); the
-backends transpose to the codec's (32, B, T) layout themselves.
+backends transpose to the codec's (levels, B, T) layout themselves. A model has
+``n_vq`` codebooks (its config.json: 32 for MOSS-TTS, 16 for TTSD, VoiceGenerator and
+SoundEffect); the codec has 32 levels and decodes the first ``n_quantizers = n_vq``,
+so every backend is made for the model's n_vq (the loaders read it from the model's
+config.json unless given).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ __all__ = [
     "load_decoder",
     "load_encoder",
     "load_streaming_decoder",
+    "model_n_vq",
 ]
 
 log = logging.getLogger(__name__)
@@ -42,7 +47,7 @@ class AudioDecoder(Protocol):
     max_batch: int
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """(B, T, 32) int64 codes in [0, 1024) -> (B, T*1920) float32 samples at 24 kHz."""
+        """(B, T, n_vq) int64 codes in [0, 1024) -> (B, T*1920) float32 samples at 24 kHz."""
         ...
 
 
@@ -51,8 +56,17 @@ class AudioEncoder(Protocol):
     """Waveform -> codes (reference voices)."""
 
     def encode(self, wav: np.ndarray) -> np.ndarray:
-        """(N,) float32 24 kHz mono, N % 1920 == 0 -> (N/1920, 32) int64 codes."""
+        """(N,) float32 24 kHz mono, N % 1920 == 0 -> (N/1920, n_vq) int64 codes."""
         ...
+
+
+def model_n_vq(cfg: EngineConfig) -> int:
+    """The model's codebook count: ``n_vq`` of its config.json (found as the engine finds
+    it), 32 (MOSS-TTS) without one."""
+    from ..config import find_model_config
+    from ..core.tokens import load_token_ids
+
+    return load_token_ids(find_model_config(cfg)).n_vq
 
 
 def _unsupported(backend: str) -> ConfigError:
@@ -61,9 +75,11 @@ def _unsupported(backend: str) -> ConfigError:
     )
 
 
-def load_decoder(cfg: EngineConfig) -> AudioDecoder:
-    """The decoder of ``cfg.audio_backend`` (onnx | trt)."""
+def load_decoder(cfg: EngineConfig, n_vq: int | None = None) -> AudioDecoder:
+    """The decoder of ``cfg.audio_backend`` (onnx | trt) for ``n_vq`` codebooks (default:
+    the model's, :func:`model_n_vq`)."""
     backend = cfg.audio_backend
+    n_vq = model_n_vq(cfg) if n_vq is None else n_vq
     if backend == "onnx":
         if cfg.use_gpu_audio:
             # onnxruntime-gpu: the CUDA provider with I/O binding (codec/onnx_cuda.py)
@@ -71,30 +87,32 @@ def load_decoder(cfg: EngineConfig) -> AudioDecoder:
 
             if cuda_provider_available():
                 try:
-                    return OnnxBoundDecoder.from_config(cfg)
+                    return OnnxBoundDecoder.from_config(cfg, n_vq)
                 except CodecError as exc:  # provider listed but its CUDA libraries did not load
                     log.warning("%s; decoding the codec on the CPU", exc)
         from .onnx import OnnxDecoder
 
-        return OnnxDecoder.from_config(cfg)
+        return OnnxDecoder.from_config(cfg, n_vq)
     if backend == "trt":
         from .trt import load_trt_decoder
 
-        return load_trt_decoder(cfg)
+        return load_trt_decoder(cfg, n_vq)
     raise _unsupported(backend)
 
 
-def load_encoder(cfg: EngineConfig) -> AudioEncoder:
-    """The encoder of ``cfg.audio_backend`` (onnx | trt)."""
+def load_encoder(cfg: EngineConfig, n_vq: int | None = None) -> AudioEncoder:
+    """The encoder of ``cfg.audio_backend`` (onnx | trt), returning the first ``n_vq``
+    levels (default: the model's n_vq, :func:`model_n_vq`)."""
     backend = cfg.audio_backend
+    n_vq = model_n_vq(cfg) if n_vq is None else n_vq
     if backend == "onnx":
         from .onnx import OnnxEncoder
 
-        return OnnxEncoder.from_config(cfg)
+        return OnnxEncoder.from_config(cfg, n_vq)
     if backend == "trt":
         from .trt import load_trt_encoder
 
-        return load_trt_encoder(cfg)
+        return load_trt_encoder(cfg, n_vq)
     raise _unsupported(backend)
 
 
@@ -140,18 +158,22 @@ def find_streaming_decoder(cfg: EngineConfig) -> tuple[Path | None, bool]:
     return None, False
 
 
-def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> SlotDecoder | None:
+def load_streaming_decoder(
+    cfg: EngineConfig, n_slots: int, n_vq: int | None = None
+) -> SlotDecoder | None:
     """The stateful decoder when one is configured or found, else None (windowed path).
 
     One found beside ``decoder.onnx`` that is stale (built from other weights than the
-    checkpoint it names) or unreadable is passed over with a warning, as a stale fused
+    checkpoint it names), built for another n_vq than the model's (default:
+    :func:`model_n_vq`) or unreadable is passed over with a warning, as a stale fused
     GGUF is; one the config names must load.
     """
     path, named = find_streaming_decoder(cfg)
     if path is None:
         return None
+    n_vq = model_n_vq(cfg) if n_vq is None else n_vq
     if cfg.audio_backend == "trt" or path.suffix == ".engine":
-        return _load_trt_streaming(cfg, path, named, n_slots)
+        return _load_trt_streaming(cfg, path, named, n_slots, n_vq)
     if cfg.audio_backend != "onnx":
         raise ConfigError(
             f"codec_streaming needs audio_backend 'onnx' (ONNX Runtime), not {cfg.audio_backend!r}"
@@ -167,6 +189,7 @@ def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> SlotDecoder | Non
             check_recorded_weights=True,
             device=device,
         )
+        dec.check_n_vq(n_vq)
         if device != "cpu":
             dec.self_check()  # the in-place state updates, on this device and runtime
     except (ModelFileError, CodecError) as exc:
@@ -178,7 +201,7 @@ def load_streaming_decoder(cfg: EngineConfig, n_slots: int) -> SlotDecoder | Non
 
 
 def _load_trt_streaming(
-    cfg: EngineConfig, path: Path, named: bool, n_slots: int
+    cfg: EngineConfig, path: Path, named: bool, n_slots: int, n_vq: int
 ) -> SlotDecoder | None:
     """The TensorRT engine of the streaming graph (``audio_backend: trt``)."""
     if cfg.audio_backend != "trt" or path.suffix != ".engine":
@@ -189,7 +212,9 @@ def _load_trt_streaming(
     from .trt_streaming import load_trt_streaming_decoder
 
     try:
-        return load_trt_streaming_decoder(path, n_slots)
+        dec = load_trt_streaming_decoder(path, n_slots)
+        dec.check_n_vq(n_vq)
+        return dec
     except (ModelFileError, CodecError) as exc:
         if named:
             raise

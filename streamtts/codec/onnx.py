@@ -32,18 +32,20 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 32  # the published decoder's batch limit
 
 _DECODER_EXPECTED = (
-    "an ONNX codec decoder with inputs (audio_codes int64 (32, B, T), n_quantizers int64 scalar) "
-    "and outputs (audio float32 (B, 1, T*1920), audio_lengths int64 (B,))"
+    "an ONNX codec decoder with inputs (audio_codes int64 (levels, B, T), n_quantizers int64 "
+    "scalar) and outputs (audio float32 (B, 1, T*1920), audio_lengths int64 (B,)), levels >= "
+    "the model's n_vq"
 )
 _ENCODER_EXPECTED = (
     "an ONNX codec encoder with inputs (input_values float32 (B, 1, N), n_quantizers int64 scalar) "
-    "and outputs (audio_codes int64 (32, B, N/1920), code_lengths int64 (B,))"
+    "and outputs (audio_codes int64 (levels, B, N/1920), code_lengths int64 (B,)), levels >= "
+    "the model's n_vq"
 )
 
 # (what, ONNX type, allowed ranks, {axis: required size}) per port, in order.
 _Port = tuple[str, str, tuple[int, ...], dict[int, int]]
 _DECODER_INPUTS: tuple[_Port, ...] = (
-    ("codes", "tensor(int64)", (3,), {0: N_VQ}),
+    ("codes", "tensor(int64)", (3,), {}),
     ("n_quantizers", "tensor(int64)", (0, 1), {}),
 )
 _DECODER_OUTPUTS: tuple[_Port, ...] = (
@@ -55,7 +57,7 @@ _ENCODER_INPUTS: tuple[_Port, ...] = (
     ("n_quantizers", "tensor(int64)", (0, 1), {}),
 )
 _ENCODER_OUTPUTS: tuple[_Port, ...] = (
-    ("codes", "tensor(int64)", (3,), {0: N_VQ}),
+    ("codes", "tensor(int64)", (3,), {}),
     ("code lengths", "tensor(int64)", (1,), {}),
 )
 
@@ -111,6 +113,7 @@ class _OnnxSession:
         outputs: tuple[_Port, ...],
         use_gpu: bool,
         threads: int,
+        n_vq: int,
     ) -> None:
         if not str(path):
             raise ConfigError(f"{key} is not set: point it at the codec's {what}.onnx")
@@ -148,8 +151,12 @@ class _OnnxSession:
         _check_ports(self.path, expected, "output", got_out, outputs)
         self.input_names = [p.name for p in got_in]
         self.output_names = [p.name for p in got_out]
+        codes_port = got_in[0] if inputs[0][0] == "codes" else got_out[0]  # decoder | encoder
+        self.levels = codec_levels(self.path, expected, codes_port.shape[0], n_vq)
         nq_rank = len(got_in[1].shape or [])
-        self.n_quantizers = np.array([N_VQ] if nq_rank == 1 else N_VQ, dtype=np.int64)
+        # the codec uses its first n_quantizers levels (a 16-codebook model: the first 16)
+        self.n_quantizers = np.array([n_vq] if nq_rank == 1 else n_vq, dtype=np.int64)
+        self.n_vq = n_vq
         self.provider = self.session.get_providers()[0]
         log.info(
             "codec %s: %s on ONNX Runtime %s (%s)",
@@ -164,6 +171,34 @@ class _OnnxSession:
             self.output_names, {self.input_names[0]: x, self.input_names[1]: self.n_quantizers}
         )
         return result
+
+
+def codec_levels(path: Path, expected: str, dim: Any, n_vq: int) -> int:
+    """The codebook levels a codec graph's codes tensor has: its fixed size (at least
+    ``n_vq``: the published codec has 32, a 16-codebook model uses the first 16), or
+    ``n_vq`` when the graph leaves that axis dynamic."""
+    if isinstance(n_vq, bool) or not isinstance(n_vq, int) or n_vq < 1:
+        raise ConfigError(f"n_vq must be a positive integer, got {n_vq!r}")
+    if not isinstance(dim, int) or dim <= 0:
+        return n_vq
+    if dim < n_vq:
+        raise ModelFileError(
+            path,
+            expected,
+            f"its codes have {dim} codebook levels, the model has n_vq {n_vq}",
+        )
+    return dim
+
+
+def to_levels(codes: np.ndarray, levels: int, out: np.ndarray | None = None) -> np.ndarray:
+    """(B, T, n_vq) codes -> the codec's (levels, B, T) layout; levels beyond n_vq are 0
+    (any valid code: the graph ignores levels >= n_quantizers = n_vq). ``out``: a
+    (levels, B, T) buffer to fill instead of a new array."""
+    b, t, n_vq = codes.shape
+    x = out if out is not None else np.empty((levels, b, t), dtype=np.int64)
+    x[:n_vq] = codes.transpose(2, 0, 1)
+    x[n_vq:] = 0
+    return x
 
 
 def check_codes(codes: np.ndarray, n_vq: int = N_VQ) -> np.ndarray:
@@ -190,11 +225,15 @@ def check_codes(codes: np.ndarray, n_vq: int = N_VQ) -> np.ndarray:
     return codes.astype(np.int64, copy=False)
 
 
-def decoder_session(path: str | Path, *, use_gpu: bool, threads: int) -> _OnnxSession:
-    """An ONNX Runtime session on a decoder.onnx checked against the codec contract."""
+def decoder_session(
+    path: str | Path, *, use_gpu: bool, threads: int, n_vq: int = N_VQ
+) -> _OnnxSession:
+    """An ONNX Runtime session on a decoder.onnx checked against the codec contract, set to
+    decode ``n_vq`` codebooks (``n_quantizers = n_vq``)."""
     return _OnnxSession(
         path, what="decoder", key="audio_decoder_onnx", expected=_DECODER_EXPECTED,
         inputs=_DECODER_INPUTS, outputs=_DECODER_OUTPUTS, use_gpu=use_gpu, threads=threads,
+        n_vq=n_vq,
     )  # fmt: skip
 
 
@@ -216,23 +255,28 @@ def receptive_frames(session: Any) -> int | None:
 
 
 class OnnxDecoder:
-    """:class:`~streamtts.codec.AudioDecoder` on ONNX Runtime."""
+    """:class:`~streamtts.codec.AudioDecoder` on ONNX Runtime, for ``n_vq`` codebooks."""
 
     max_batch: int = MAX_BATCH
 
-    def __init__(self, path: str | Path, *, use_gpu: bool = False, threads: int = 0) -> None:
-        self._s = decoder_session(path, use_gpu=use_gpu, threads=threads)
+    def __init__(
+        self, path: str | Path, *, use_gpu: bool = False, threads: int = 0, n_vq: int = N_VQ
+    ) -> None:
+        self._s = decoder_session(path, use_gpu=use_gpu, threads=threads, n_vq=n_vq)
+        self.n_vq = n_vq
         self.path = self._s.path
         self.provider = self._s.provider
         self.receptive_frames = receptive_frames(self._s.session)
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig) -> OnnxDecoder:
-        return cls(cfg.audio_decoder_onnx, use_gpu=cfg.use_gpu_audio, threads=cfg.codec_threads)
+    def from_config(cls, cfg: EngineConfig, n_vq: int = N_VQ) -> OnnxDecoder:
+        return cls(
+            cfg.audio_decoder_onnx, use_gpu=cfg.use_gpu_audio, threads=cfg.codec_threads, n_vq=n_vq
+        )
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """(B, T, 32) int64 -> (B, T*1920) float32; batches over ``max_batch`` are split."""
-        codes = check_codes(codes)
+        """(B, T, n_vq) int64 -> (B, T*1920) float32; batches over ``max_batch`` are split."""
+        codes = check_codes(codes, self.n_vq)
         b, t, _ = codes.shape
         if b == 0 or t == 0:
             return np.zeros((b, t * FRAME_SAMPLES), dtype=np.float32)
@@ -245,7 +289,7 @@ class OnnxDecoder:
 
     def _decode_batch(self, codes: np.ndarray) -> np.ndarray:
         b, t, _ = codes.shape
-        x = np.ascontiguousarray(codes.transpose(2, 0, 1))  # (32, B, T): the codec's layout
+        x = to_levels(codes, self._s.levels)  # (levels, B, T): the codec's layout
         try:
             audio, lengths = self._s.run(x)[:2]
         except Exception as exc:
@@ -265,22 +309,29 @@ class OnnxDecoder:
 
 
 class OnnxEncoder:
-    """:class:`~streamtts.codec.AudioEncoder` on ONNX Runtime."""
+    """:class:`~streamtts.codec.AudioEncoder` on ONNX Runtime: the first ``n_vq`` levels of
+    the codec's codes (the published encoder returns 32)."""
 
-    def __init__(self, path: str | Path, *, use_gpu: bool = False, threads: int = 0) -> None:
+    def __init__(
+        self, path: str | Path, *, use_gpu: bool = False, threads: int = 0, n_vq: int = N_VQ
+    ) -> None:
         self._s = _OnnxSession(
             path, what="encoder", key="audio_encoder_onnx", expected=_ENCODER_EXPECTED,
             inputs=_ENCODER_INPUTS, outputs=_ENCODER_OUTPUTS, use_gpu=use_gpu, threads=threads,
+            n_vq=n_vq,
         )  # fmt: skip
+        self.n_vq = n_vq
         self.path = self._s.path
         self.provider = self._s.provider
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig) -> OnnxEncoder:
-        return cls(cfg.audio_encoder_onnx, use_gpu=cfg.use_gpu_audio, threads=cfg.codec_threads)
+    def from_config(cls, cfg: EngineConfig, n_vq: int = N_VQ) -> OnnxEncoder:
+        return cls(
+            cfg.audio_encoder_onnx, use_gpu=cfg.use_gpu_audio, threads=cfg.codec_threads, n_vq=n_vq
+        )
 
     def encode(self, wav: np.ndarray) -> np.ndarray:
-        """(N,) float32 24 kHz, N a positive multiple of 1920 -> (N/1920, 32) int64."""
+        """(N,) float32 24 kHz, N a positive multiple of 1920 -> (N/1920, n_vq) int64."""
         if not isinstance(wav, np.ndarray) or wav.ndim != 1:
             shape = getattr(wav, "shape", type(wav).__name__)
             raise CodecError(f"the encoder takes a 1-D waveform, got {shape}")
@@ -296,14 +347,15 @@ class OnnxEncoder:
             codes, lengths = self._s.run(x.reshape(1, 1, n))[:2]
         except Exception as exc:
             raise CodecError(f"codec encoder failed on {n} samples: {exc}") from exc
-        if codes.ndim != 3 or codes.shape[0] != N_VQ or codes.shape[1] != 1:
+        if codes.ndim != 3 or codes.shape[0] < self.n_vq or codes.shape[1] != 1:
             raise CodecError(
-                f"codec encoder returned codes of shape {codes.shape}, expected ({N_VQ}, 1, T)"
+                f"codec encoder returned codes of shape {codes.shape}, expected "
+                f"(levels >= {self.n_vq}, 1, T)"
             )
         length = int(np.asarray(lengths).reshape(-1)[0])
         if not 0 < length <= codes.shape[2]:
             raise CodecError(f"codec encoder returned length {length} for {codes.shape[2]} frames")
-        out = np.ascontiguousarray(codes[:, 0, :length].T, dtype=np.int64)
+        out = np.ascontiguousarray(codes[: self.n_vq, 0, :length].T, dtype=np.int64)
         if out.min() < 0 or out.max() >= AUDIO_VOCAB:
             raise CodecError(f"codec encoder returned codes outside [0, {AUDIO_VOCAB})")
         return out

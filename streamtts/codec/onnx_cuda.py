@@ -28,6 +28,7 @@ from .onnx import (
     _import_ort,
     check_codes,
     decoder_session,
+    to_levels,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,10 +58,12 @@ class OnnxBoundDecoder:
         device_id: int = 0,
         threads: int = 0,
         max_frames: int = 133,
+        n_vq: int = N_VQ,
     ) -> None:
         if device not in ("cuda", "cpu"):
             raise CodecError(f"device must be cuda or cpu, got {device!r}")
-        self._s = decoder_session(path, use_gpu=device == "cuda", threads=threads)
+        self._s = decoder_session(path, use_gpu=device == "cuda", threads=threads, n_vq=n_vq)
+        self.n_vq, self._levels = n_vq, self._s.levels
         if device == "cuda" and self._s.provider != "CUDAExecutionProvider":
             raise CodecError(
                 f"ONNX Runtime did not load the CUDA provider for {path} (got {self._s.provider}); "
@@ -84,18 +87,19 @@ class OnnxBoundDecoder:
         self._reserve(self.max_batch, max_frames)
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig) -> OnnxBoundDecoder:
+    def from_config(cls, cfg: EngineConfig, n_vq: int = N_VQ) -> OnnxBoundDecoder:
         frames = cfg.decode_context_frames + max(cfg.chunk_frames)
         return cls(
-            cfg.audio_decoder_onnx, device="cuda", threads=cfg.codec_threads, max_frames=frames
-        )
+            cfg.audio_decoder_onnx, device="cuda", threads=cfg.codec_threads, max_frames=frames,
+            n_vq=n_vq,
+        )  # fmt: skip
 
     def _reserve(self, b: int, t: int) -> None:
         """Host buffers for calls up to (b, t): allocated at load, grown only past it."""
         if b <= self._cap_b and t <= self._cap_t:
             return
         self._cap_b, self._cap_t = max(b, self._cap_b), max(t, self._cap_t)
-        self._codes = np.zeros(N_VQ * self._cap_b * self._cap_t, dtype=np.int64)
+        self._codes = np.zeros(self._levels * self._cap_b * self._cap_t, dtype=np.int64)
         self._audio = np.zeros(self._cap_b * self._cap_t * FRAME_SAMPLES, dtype=np.float32)
         self._lengths = np.zeros(self._cap_b, dtype=np.int64)
         self.allocations += 1
@@ -103,8 +107,8 @@ class OnnxBoundDecoder:
             log.info("codec buffers grown to batch %d x %d frames", self._cap_b, self._cap_t)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """(B, T, 32) int64 -> (B, T*1920) float32; batches over ``max_batch`` are split."""
-        codes = check_codes(codes)
+        """(B, T, n_vq) int64 -> (B, T*1920) float32; batches over ``max_batch`` are split."""
+        codes = check_codes(codes, self.n_vq)
         b, t, _ = codes.shape
         if b == 0 or t == 0:
             return np.zeros((b, t * FRAME_SAMPLES), dtype=np.float32)
@@ -120,8 +124,8 @@ class OnnxBoundDecoder:
         b, t, _ = codes.shape
         self._reserve(b, t)
         n = t * FRAME_SAMPLES
-        x = self._codes[: N_VQ * b * t].reshape(N_VQ, b, t)
-        np.copyto(x, codes.transpose(2, 0, 1))  # the codec's (32, B, T) layout
+        lv = self._levels
+        x = to_levels(codes, lv, self._codes[: lv * b * t].reshape(lv, b, t))  # (levels, B, T)
         audio = self._audio[: b * n].reshape(b, 1, n)
         lengths = self._lengths[:b]
         io = self._io

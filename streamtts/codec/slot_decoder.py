@@ -71,8 +71,9 @@ def ring_chunk_limit(stages: list[StageState]) -> int:
 
 def check_build_meta(
     path: Path, meta: dict[str, str], weights: str | Path | None, expected: str
-) -> tuple[list[StageState], int, int]:
-    """The stages, frame samples and sampling rate a streaming build records; a clear
+) -> tuple[list[StageState], int, int, int]:
+    """The stages, frame samples, sampling rate and codebook count (n_vq: the codes it
+    takes, ``streamtts codec build --n-vq``) a streaming build records; a clear
     :class:`ModelFileError` for another kind of file, another builder version, a build from
     other weights (when ``weights`` is given) or unreadable metadata."""
     w = str(weights) if weights is not None else None
@@ -115,9 +116,10 @@ def check_build_meta(
         ]
         frame_samples = int(layout["frame_samples"])
         sampling_rate = int(layout["sampling_rate"])
+        n_vq = int(layout["n_q"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelFileError(path, expected, f"its layout metadata is unreadable: {exc}") from exc
-    return stages, frame_samples, sampling_rate
+    return stages, frame_samples, sampling_rate, n_vq
 
 
 class SlotDecoder:
@@ -132,6 +134,7 @@ class SlotDecoder:
     frame_samples: int
     sampling_rate: int
     stamp: str
+    n_vq: int  # codebooks per frame of the codes it takes (the graph has no n_quantizers)
 
     def _init_slots(self, n_slots: int, max_batch: int, max_frames: int | None = None) -> None:
         self.n_slots = n_slots
@@ -154,6 +157,17 @@ class SlotDecoder:
     def _clear(self, slot: int) -> None:
         """Zero the state of ``slot``."""
         raise NotImplementedError
+
+    def check_n_vq(self, n_vq: int) -> None:
+        """The model has ``n_vq`` codebooks: a graph built for another count cannot decode it
+        (the streaming graph sums every level it was built with)."""
+        if n_vq != self.n_vq:
+            raise ModelFileError(
+                self.path,
+                f"a streaming decoder for {n_vq} codebooks (the model's n_vq)",
+                f"it was built for {self.n_vq}: rebuild it with `streamtts codec build "
+                f"--n-vq {n_vq}`",
+            )
 
     # -- slots ---------------------------------------------------------------------------------
     def _slot(self, slot: int) -> int:
@@ -214,7 +228,7 @@ class SlotDecoder:
         signal's RMS; raises :class:`CodecError` above ``tolerance`` (loose: GPUs may round
         matrix products differently for different shapes)."""
         frames = min(frames, self.max_chunk)
-        codes = np.random.default_rng(0).integers(0, 1024, size=(1, frames, 32), dtype=np.int64)
+        codes = np.random.default_rng(0).integers(0, 1024, size=(1, frames, self.n_vq), dtype=np.int64)
         slot = self.acquire()
         try:
             whole = self.decode([slot], codes)[0]
@@ -248,12 +262,12 @@ class SlotDecoder:
     ) -> np.ndarray:
         """Decode the next frames of the streams in ``slots``.
 
-        ``codes`` (B, T, 32) integers in [0, 1024): row b continues the stream of
+        ``codes`` (B, T, n_vq) integers in [0, 1024): row b continues the stream of
         ``slots[b]``. ``lengths`` (B,), each 0..T, lets rows carry fewer frames (the rest of
         the row is padding and is ignored); default T for every row. Returns (B, T*1920)
         float32: row b's first ``lengths[b]*1920`` samples are its new audio, the rest zeros.
         """
-        codes = check_codes(codes)
+        codes = check_codes(codes, self.n_vq)
         b, t, _ = codes.shape
         slot_arr = self._check_slots(slots, b)
         lens = self._check_lengths(lengths, b, t)

@@ -108,7 +108,9 @@ class StreamingDecoder(SlotDecoder):
         if weights is None and check_recorded_weights and recorded and Path(recorded).is_dir():
             weights = recorded  # the checkpoint it was built from is still here: is it the same?
         self.weights_dir = str(weights) if weights is not None else recorded
-        self.stages, self.frame_samples, self.sampling_rate = check_build_meta(self.path, meta, weights, _EXPECTED)
+        self.stages, self.frame_samples, self.sampling_rate, self.n_vq = check_build_meta(
+            self.path, meta, weights, _EXPECTED
+        )
         self._check_ports()
         self.stamp = meta[KEY_STAMP]
         self._init_slots(n_slots, max_batch=n_slots)
@@ -174,7 +176,7 @@ class StreamingDecoder(SlotDecoder):
         b, t, _ = codes.shape
         io = self._io
         # bound by address: the arrays must outlive the run (hence the names)
-        x = np.ascontiguousarray(codes.transpose(2, 0, 1))  # (32, B, T)
+        x = np.ascontiguousarray(codes.transpose(2, 0, 1))  # (n_vq, B, T)
         pos = self._pos[slots]
         io.bind_cpu_input("codes", x)
         io.bind_cpu_input("positions", pos)

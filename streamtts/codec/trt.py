@@ -35,7 +35,7 @@ import numpy as np
 
 from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ, SAMPLE_RATE
 from ..errors import CodecError, ConfigError, ModelFileError
-from .onnx import check_codes
+from .onnx import check_codes, codec_levels, to_levels
 from .trt_plan import (
     BufferPlan,
     IOTensor,
@@ -98,19 +98,21 @@ class TrtRuntime(Protocol):
 class _TrtCodec:
     """Shared call path of the decoder and the encoder."""
 
-    def __init__(self, rt: TrtRuntime, kind: Kind, path: str = "") -> None:
+    def __init__(self, rt: TrtRuntime, kind: Kind, path: str = "", n_vq: int = N_VQ) -> None:
         self.rt = rt
         self.kind = kind
         self.path = path
+        self.n_vq = n_vq
         self.roles = codec_roles(rt.io)
         self.profiles = list(rt.profiles)
-        self.plan = plan_buffers(kind, rt.io, self.profiles)
+        self.plan = plan_buffers(kind, rt.io, self.profiles, n_vq)
+        self.levels = codec_levels(Path(path), f"a TensorRT codec {kind}", self.plan.levels, n_vq)
         self.max_batch, self.max_frames = limits(self.profiles)
         self._lock = threading.Lock()  # one call at a time: the buffers are shared
         rt.allocate(self.plan)
         nq = self.roles["n_quantizers"]
         spec = self.plan.by_role("n_quantizers")
-        self._view(nq.name, nq.dtype, (spec.elements(),))[:] = N_VQ
+        self._view(nq.name, nq.dtype, (spec.elements(),))[:] = n_vq  # its first n_vq levels
         if spec.device:
             rt.upload(nq.name, spec.nbytes)
         shape = n_quantizers_shape(nq)
@@ -140,10 +142,13 @@ class _TrtCodec:
         if p < 0:  # pragma: no cover - callers split first
             raise CodecError(f"no TensorRT profile accepts batch {b} x {t} frames")
         ri, ro, rl = self.roles["main_in"], self.roles["main_out"], self.roles["lengths"]
-        in_shape = main_input_shape(self.kind, b, t)
-        out_shape = main_output_shape(self.kind, b, t)
+        in_shape = main_input_shape(self.kind, b, t, self.levels)
+        out_shape = main_output_shape(self.kind, b, t, self.levels)
         plan = self.plan
-        np.copyto(self._view(ri.name, ri.dtype, in_shape), x, casting="unsafe")
+        if self.kind == "decoder":  # (B, T, n_vq) codes into the (levels, B, T) buffer
+            to_levels(x, self.levels, self._view(ri.name, ri.dtype, in_shape))
+        else:
+            np.copyto(self._view(ri.name, ri.dtype, in_shape), x, casting="unsafe")
         rt = self.rt
         rt.upload(ri.name, plan.transfer_bytes("main_in", b, t))
         rt.set_shape(p, ri.name, in_shape)
@@ -166,14 +171,16 @@ class _TrtCodec:
 class TrtDecoder(_TrtCodec):
     """:class:`~streamtts.codec.AudioDecoder` on TensorRT."""
 
-    def __init__(self, rt: TrtRuntime, *, path: str = "", split_context: int = 125) -> None:
-        super().__init__(rt, "decoder", path)
+    def __init__(
+        self, rt: TrtRuntime, *, path: str = "", split_context: int = 125, n_vq: int = N_VQ
+    ) -> None:
+        super().__init__(rt, "decoder", path, n_vq)
         # Left context for the pieces of a window longer than the engine takes.
         self.split_context = split_context
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """(B, T, 32) int64 -> (B, T*1920) float32."""
-        codes = check_codes(codes)
+        """(B, T, n_vq) int64 -> (B, T*1920) float32."""
+        codes = check_codes(codes, self.n_vq)
         b, t, _ = codes.shape
         if b == 0 or t == 0:
             return np.zeros((b, t * FRAME_SAMPLES), dtype=np.float32)
@@ -187,7 +194,7 @@ class TrtDecoder(_TrtCodec):
         if len(pieces) > 1:
             return np.concatenate([self.decode(codes[lo:hi]) for lo, hi in pieces], axis=0)
         with self._lock:
-            audio, lengths = self._run(codes.transpose(2, 0, 1), b, t)
+            audio, lengths = self._run(codes, b, t)
             n = t * FRAME_SAMPLES
             if np.any(lengths != n):
                 raise CodecError(
@@ -199,11 +206,12 @@ class TrtDecoder(_TrtCodec):
 class TrtEncoder(_TrtCodec):
     """:class:`~streamtts.codec.AudioEncoder` on TensorRT (reference clips)."""
 
-    def __init__(self, rt: TrtRuntime, *, path: str = "") -> None:
-        super().__init__(rt, "encoder", path)
+    def __init__(self, rt: TrtRuntime, *, path: str = "", n_vq: int = N_VQ) -> None:
+        super().__init__(rt, "encoder", path, n_vq)
 
     def encode(self, wav: np.ndarray) -> np.ndarray:
-        """(N,) float32 24 kHz, N a positive multiple of 1920 -> (N/1920, 32) int64."""
+        """(N,) float32 24 kHz, N a positive multiple of 1920 -> (N/1920, n_vq) int64: the
+        first n_vq of the engine's levels."""
         if not isinstance(wav, np.ndarray) or wav.ndim != 1:
             raise CodecError(
                 f"the encoder takes a 1-D waveform, got {getattr(wav, 'shape', type(wav).__name__)}"
@@ -224,7 +232,7 @@ class TrtEncoder(_TrtCodec):
             length = int(lengths[0])
             if not 0 < length <= t:
                 raise CodecError(f"TensorRT encoder returned length {length} for {t} frames")
-            out = np.array(codes[:, 0, :length].T, dtype=np.int64)
+            out = np.array(codes[: self.n_vq, 0, :length].T, dtype=np.int64)
         if out.min() < 0 or out.max() >= AUDIO_VOCAB:
             raise CodecError(f"TensorRT encoder returned codes outside [0, {AUDIO_VOCAB})")
         return out
@@ -456,12 +464,12 @@ def _engine_path(value: str, key: str) -> str:
     return value
 
 
-def load_trt_decoder(cfg: EngineConfig) -> TrtDecoder:
+def load_trt_decoder(cfg: EngineConfig, n_vq: int = N_VQ) -> TrtDecoder:
     path = _engine_path(cfg.audio_decoder_trt, "audio_decoder_trt")
     rt = CudaTrtRuntime(path, "decoder")
-    return TrtDecoder(rt, path=path, split_context=cfg.decode_context_frames)
+    return TrtDecoder(rt, path=path, split_context=cfg.decode_context_frames, n_vq=n_vq)
 
 
-def load_trt_encoder(cfg: EngineConfig) -> TrtEncoder:
+def load_trt_encoder(cfg: EngineConfig, n_vq: int = N_VQ) -> TrtEncoder:
     path = _engine_path(cfg.audio_encoder_trt, "audio_encoder_trt")
-    return TrtEncoder(CudaTrtRuntime(path, "encoder"), path=path)
+    return TrtEncoder(CudaTrtRuntime(path, "encoder"), path=path, n_vq=n_vq)

@@ -7,10 +7,11 @@ engine is split) is computed, and tested, on any machine.
 
 Shapes (contract section 7), with T in frames of 1920 samples:
 
-    decoder  in  audio_codes   (32, B, T)      out  audio (B, 1, T*1920), lengths (B,)
-    encoder  in  input_values  (B, 1, T*1920)  out  codes (32, B, T),     lengths (B,)
+    decoder  in  audio_codes   (L, B, T)       out  audio (B, 1, T*1920), lengths (B,)
+    encoder  in  input_values  (B, 1, T*1920)  out  codes (L, B, T),      lengths (B,)
 
-Both have a second input, ``n_quantizers`` (always 32 here): a constant, so
+L is the engine's codebook levels (32 published; a ``codec build --n-vq 16`` graph 16).
+Both have a second input, ``n_quantizers`` (the model's n_vq): a constant, so
 it is written once at load and never copied again.
 """
 
@@ -38,21 +39,31 @@ class ProfileShape:
     def covers(self, b: int, t: int) -> bool:
         return self.batch[0] <= b <= self.batch[2] and self.frames[0] <= t <= self.frames[2]
 
-    def input_shapes(self, kind: Kind) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    def input_shapes(
+        self, kind: Kind, levels: int = N_VQ
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """(min, opt, max) of the main input tensor, as TensorRT's profile wants them."""
         return (
-            main_input_shape(kind, self.batch[0], self.frames[0]),
-            main_input_shape(kind, self.batch[1], self.frames[1]),
-            main_input_shape(kind, self.batch[2], self.frames[2]),
+            main_input_shape(kind, self.batch[0], self.frames[0], levels),
+            main_input_shape(kind, self.batch[1], self.frames[1], levels),
+            main_input_shape(kind, self.batch[2], self.frames[2], levels),
         )
 
 
-def main_input_shape(kind: Kind, b: int, t: int) -> tuple[int, ...]:
-    return (N_VQ, b, t) if kind == "decoder" else (b, 1, t * FRAME_SAMPLES)
+def main_input_shape(kind: Kind, b: int, t: int, levels: int = N_VQ) -> tuple[int, ...]:
+    """``levels``: codebook levels of the engine's codes (32 published; a 16-level build)."""
+    return (levels, b, t) if kind == "decoder" else (b, 1, t * FRAME_SAMPLES)
 
 
-def main_output_shape(kind: Kind, b: int, t: int) -> tuple[int, ...]:
-    return (b, 1, t * FRAME_SAMPLES) if kind == "decoder" else (N_VQ, b, t)
+def main_output_shape(kind: Kind, b: int, t: int, levels: int = N_VQ) -> tuple[int, ...]:
+    return (b, 1, t * FRAME_SAMPLES) if kind == "decoder" else (levels, b, t)
+
+
+def codes_levels(io: Sequence[IOTensor], kind: Kind, n_vq: int = N_VQ) -> int:
+    """The codebook levels of an engine's codes tensor (the decoder's first input, the
+    encoder's first output): its fixed size, else ``n_vq``."""
+    t = [x for x in io if x.is_input == (kind == "decoder")][0]
+    return t.shape[0] if t.shape and t.shape[0] > 0 else n_vq
 
 
 def profile_from_input(
@@ -238,6 +249,7 @@ class BufferPlan:
     max_batch: int
     max_frames: int
     buffers: tuple[BufferSpec, ...]
+    levels: int = N_VQ  # codebook levels of the codes tensor
 
     def by_role(self, role: str) -> BufferSpec:
         for b in self.buffers:
@@ -255,9 +267,9 @@ class BufferPlan:
             )
         item = np.dtype(spec.dtype).itemsize
         if role == "main_in":
-            n = int(np.prod(main_input_shape(self.kind, b, t)))
+            n = int(np.prod(main_input_shape(self.kind, b, t, self.levels)))
         elif role == "main_out":
-            n = int(np.prod(main_output_shape(self.kind, b, t)))
+            n = int(np.prod(main_output_shape(self.kind, b, t, self.levels)))
         elif role in ("lengths", "rows"):
             n = b
         else:
@@ -300,19 +312,21 @@ def codec_roles(io: Sequence[IOTensor]) -> dict[str, IOTensor]:
 
 
 def plan_buffers(
-    kind: Kind, io: Sequence[IOTensor], profiles: Sequence[ProfileShape]
+    kind: Kind, io: Sequence[IOTensor], profiles: Sequence[ProfileShape], n_vq: int = N_VQ
 ) -> BufferPlan:
-    """Size every buffer for the largest call any profile accepts."""
+    """Size every buffer for the largest call any profile accepts (codes of the engine's
+    levels: :func:`codes_levels`)."""
     roles = codec_roles(io)
     b_max, t_max = limits(profiles)
+    levels = codes_levels(io, kind, n_vq)
     specs = []
     for role, t in roles.items():
         item = np.dtype(t.dtype).itemsize
         if role == "main_in":
-            n = int(np.prod(main_input_shape(kind, b_max, t_max)))
+            n = int(np.prod(main_input_shape(kind, b_max, t_max, levels)))
             specs.append(BufferSpec(t.name, "main_in", t.dtype, n * item, device=True, host=True))
         elif role == "main_out":
-            n = int(np.prod(main_output_shape(kind, b_max, t_max)))
+            n = int(np.prod(main_output_shape(kind, b_max, t_max, levels)))
             specs.append(BufferSpec(t.name, "main_out", t.dtype, n * item, device=True, host=True))
         elif role == "lengths":
             specs.append(
@@ -327,7 +341,7 @@ def plan_buffers(
                     t.name, "n_quantizers", t.dtype, n * item, device=not t.shape_tensor, host=True
                 )
             )
-    return BufferPlan(kind, b_max, t_max, tuple(specs))
+    return BufferPlan(kind, b_max, t_max, tuple(specs), levels)
 
 
 def n_quantizers_shape(t: IOTensor) -> tuple[int, ...] | None:
@@ -341,12 +355,16 @@ def n_quantizers_shape(t: IOTensor) -> tuple[int, ...] | None:
 
 
 def plan_stateful_buffers(
-    io: Sequence[IOTensor], profiles: Sequence[ProfileShape], table_bytes: Sequence[int]
+    io: Sequence[IOTensor],
+    profiles: Sequence[ProfileShape],
+    table_bytes: Sequence[int],
+    n_vq: int = N_VQ,
 ) -> BufferPlan:
     """Buffers of the stateful streaming decoder engine: codes, positions, slots, lengths
     and audio with pinned host mirrors, sized for the largest call; per stage one device
     table of ``table_bytes[s]`` (every slot's rings: no host mirror, never copied), bound
-    both as ``state_s`` and as ``state_out_s`` (the graph updates it in place)."""
+    both as ``state_s`` and as ``state_out_s`` (the graph updates it in place). ``n_vq``:
+    the codebooks of its codes (the build's metadata)."""
     names = [t.name for t in io]
     n = len(table_bytes)
     want_in = [*STATEFUL_INPUTS, *(f"state_{i}" for i in range(n))]
@@ -365,7 +383,7 @@ def plan_stateful_buffers(
         t = by[name]
         item = np.dtype(t.dtype).itemsize
         if name == "codes":
-            nbytes = int(np.prod(main_input_shape("decoder", b_max, t_max))) * item
+            nbytes = int(np.prod(main_input_shape("decoder", b_max, t_max, n_vq))) * item
             specs.append(BufferSpec(name, "main_in", t.dtype, nbytes, device=True, host=True))
         else:
             specs.append(BufferSpec(name, "rows", t.dtype, b_max * item, device=True, host=True))
@@ -380,4 +398,4 @@ def plan_stateful_buffers(
                 alias_of=f"state_{i}",
             )  # fmt: skip
         )
-    return BufferPlan("decoder", b_max, t_max, tuple(specs))
+    return BufferPlan("decoder", b_max, t_max, tuple(specs), n_vq)

@@ -91,7 +91,7 @@ class TrtStreamingDecoder(SlotDecoder):
         self.rt = rt
         self.path = Path(path)
         self.device = "cuda"
-        self.stages, self.frame_samples, self.sampling_rate = check_build_meta(
+        self.stages, self.frame_samples, self.sampling_rate, self.n_vq = check_build_meta(
             self.path, meta, weights, _EXPECTED
         )
         self.stamp = meta.get(KEY_STAMP, "")
@@ -104,7 +104,7 @@ class TrtStreamingDecoder(SlotDecoder):
         self._init_slots(n_slots, max_batch=b_max, max_frames=t_max)
         tables = [n_slots * st.nbytes for st in self.stages]
         try:
-            self.plan: BufferPlan = plan_stateful_buffers(rt.io, self.profiles, tables)
+            self.plan: BufferPlan = plan_stateful_buffers(rt.io, self.profiles, tables, self.n_vq)
         except ValueError as exc:
             raise ModelFileError(self.path, _EXPECTED, str(exc)) from exc
         self._io = {t.name: t for t in rt.io}
@@ -144,7 +144,7 @@ class TrtStreamingDecoder(SlotDecoder):
             "lengths": lens,
         }
         for name in STATEFUL_INPUTS:
-            shape = (32, b, t) if name == "codes" else (b,)
+            shape = (self.n_vq, b, t) if name == "codes" else (b,)
             np.copyto(self._view(name, shape), values[name], casting="unsafe")
             rt.upload(name, plan.transfer_bytes_of(name, b, t))
             rt.set_shape(p, name, shape)

@@ -5,7 +5,8 @@ streaming decode) must be exercised without the 1.6B-parameter published
 codec. These graphs have the published inputs/outputs (names, dtypes, ranks,
 dynamic batch and length) and are built with ``onnx.helper`` in milliseconds.
 
-Decoder (``audio_codes`` int64 (32, B, T), ``n_quantizers`` int64 scalar ->
+Decoder (``audio_codes`` int64 (n_vq, B, T) (32, or a 16-codebook model's 16),
+``n_quantizers`` int64 scalar ->
 audio float32 (B, 1, T*1920), audio_lengths int64 (B,)): codes become soft
 tones, so a listener hears the stream's rhythm instead of noise.
 
@@ -13,7 +14,7 @@ tones, so a listener hears the stream's rhythm instead of noise.
   pentatonic scale on 300 Hz (225 .. 750 Hz), contiguous code ranges per note;
 - codebook 1 -> loudness: 0.1 .. 0.3, smoothed by a 3-frame moving average;
 - codebook 2 -> timbre: the weight of the 2nd and 3rd harmonics;
-- codebooks 3..31 are ignored; so are codebooks >= ``n_quantizers``.
+- codebooks 3.. are ignored; so are codebooks >= ``n_quantizers``.
 
 Frame t is a raised-cosine crossfade over its first ``CROSSFADE_SAMPLES`` from
 the previous frame's note (pitch/timbre of frame t-1, loudness averaged over
@@ -101,8 +102,9 @@ def _const(name: str, value: np.ndarray) -> NodeProto:
 _Value = tuple[str, int, list[int | str]]
 
 
-def build_decoder_model() -> ModelProto:
-    """The demo decoder as an ``onnx.ModelProto`` (see the module docstring)."""
+def build_decoder_model(n_vq: int = N_VQ) -> ModelProto:
+    """The demo decoder as an ``onnx.ModelProto`` (see the module docstring), taking codes
+    of ``n_vq`` levels (a 16-codebook model's decoder: 16)."""
     onnx = _onnx()
     h = onnx.helper
     tp = onnx.TensorProto
@@ -216,7 +218,7 @@ def build_decoder_model() -> ModelProto:
         h.make_node("Mul", ["n_frames", "frame_samples"], ["n_samples"]),
         h.make_node("Expand", ["n_samples", "batch"], ["audio_lengths"]),
     ]
-    codes: _Value = ("audio_codes", tp.INT64, [N_VQ, "batch", "frames"])
+    codes: _Value = ("audio_codes", tp.INT64, [n_vq, "batch", "frames"])
     outputs: list[_Value] = [("audio", tp.FLOAT, ["batch", 1, "samples"]), ("audio_lengths", tp.INT64, ["batch"])]
     return _model(nodes, "decoder", codes, outputs, "codes -> soft tones")
 
@@ -352,14 +354,15 @@ def _model(nodes: list[NodeProto], kind: str, main: _Value, outputs: list[_Value
     return model
 
 
-def write_codec(out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``encoder.onnx`` and ``decoder.onnx`` into ``out_dir``."""
+def write_codec(out_dir: str | Path, n_vq: int = N_VQ) -> tuple[Path, Path]:
+    """Write ``encoder.onnx`` (32 levels, as the published one) and ``decoder.onnx`` (for
+    ``n_vq`` levels) into ``out_dir``."""
     onnx = _onnx()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     enc, dec = out / "encoder.onnx", out / "decoder.onnx"
     onnx.save_model(build_encoder_model(), str(enc))
-    model = build_decoder_model()
+    model = build_decoder_model(n_vq)
     # The windowed path reads this: more left context than the receptive field changes no
     # sample, only costs (codec/onnx.py: RECEPTIVE_FRAMES_KEY).
     onnx.helper.set_model_props(model, {RECEPTIVE_FRAMES_KEY: str(DEMO_DECODER_RECEPTIVE_FRAMES)})

@@ -24,7 +24,15 @@ from typing import Any, Literal
 import numpy as np
 
 from ..core.tokens import TokenIds
-from .model import PRESETS, DemoBehaviour, DemoPreset, DemoWeights, _model_config, build_weights
+from .model import (
+    PRESETS,
+    DemoBehaviour,
+    DemoPreset,
+    DemoWeights,
+    _model_config,
+    build_weights,
+    demo_ids,
+)
 from .tokenizer import write_tokenizer
 
 log = logging.getLogger(__name__)
@@ -78,21 +86,23 @@ def write_demo_hf_checkpoint(
     max_shard_bytes: int = 0,
     rope_style: Literal["transformers4", "transformers5"] = "transformers4",
     behaviour: DemoBehaviour | None = None,
+    n_vq: int = 32,
 ) -> Path:
     """Write the demo checkpoint into ``dir``; returns ``dir``.
 
     max_shard_bytes: > 0 splits the tensors (in name order) into shards of at most that many
     bytes with a ``model.safetensors.index.json``, as large checkpoints are published.
     rope_style: where ``rope_theta`` goes in ``language_config`` (transformers 4.x: top level;
-    5.x: ``rope_parameters``).
+    5.x: ``rope_parameters``). n_vq: codebooks (16: a TTSD / VoiceGenerator / SoundEffect-shaped
+    checkpoint).
     """
     from safetensors.numpy import save_file
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
     root = Path(dir)
     root.mkdir(parents=True, exist_ok=True)
-    ids = TokenIds()
-    w = build_weights(p, seed, behaviour)
+    ids = demo_ids(n_vq)
+    w = build_weights(p, seed, behaviour, n_vq)
     tensors = {k: _cast(v, dtype) for k, v in hf_tensors(w, ids).items()}
     del w
     names = sorted(tensors)

@@ -74,6 +74,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from ..constants import N_VQ
 from ..convert.qwen3_gguf import Qwen3Shape
 from ..core.tokens import TokenIds
 from ..paths import cache_dir, quiet_gguf
@@ -287,14 +288,17 @@ def build_heads(
 
 
 def build_weights(
-    preset: str | DemoPreset = "tiny", seed: int = 0, behaviour: DemoBehaviour | None = None
+    preset: str | DemoPreset = "tiny",
+    seed: int = 0,
+    behaviour: DemoBehaviour | None = None,
+    n_vq: int = N_VQ,
 ) -> DemoWeights:
-    """All weights of a demo model, in memory."""
+    """All weights of a demo model with ``n_vq`` codebooks, in memory."""
     from .gguf_writer import random_qwen3_tensors
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
     b = behaviour or DemoBehaviour()
-    ids = TokenIds()
+    ids = demo_ids(n_vq)
     layers = random_qwen3_tensors(p, seed=seed, init_scale=b.init_scale)
     layers = {k: np.array(v, dtype=np.float32) for k, v in layers.items()}
     shape_backbone(layers, p)
@@ -307,6 +311,15 @@ def build_weights(
     final_rms = measure_final_rms(layers, p, embed, emb_ext, ids, seed, b)
     text, audio = build_heads(p, ids, seed, b, final_rms)
     return DemoWeights(p, layers, embed, emb_ext, text, audio, final_rms)
+
+
+def demo_ids(n_vq: int = N_VQ) -> TokenIds:
+    """The demo model's ids: the published ones, with ``n_vq`` codebooks (32: MOSS-TTS;
+    16: the TTSD, VoiceGenerator and SoundEffect members)."""
+    if isinstance(n_vq, bool) or not isinstance(n_vq, int) or not 3 <= n_vq <= N_VQ:
+        # the tone codec reads codebooks 0..2; the codec has 32 levels
+        raise ValueError(f"demo n_vq must be an integer in 3..{N_VQ}, got {n_vq!r}")
+    return TokenIds(n_vq=n_vq)
 
 
 def _save_f16(path: Path, x: np.ndarray) -> None:
@@ -377,6 +390,7 @@ def write_demo_model(
     *,
     behaviour: DemoBehaviour | None = None,
     codec: str = "tones",
+    n_vq: int = N_VQ,
 ) -> Path:
     """Write a demo model into ``dir`` (created if needed); returns ``dir/config.yaml``.
 
@@ -384,6 +398,9 @@ def write_demo_model(
     ``"real"`` writes the real decoder architecture at a small width with random weights
     (``demo/real_codec.py``) and builds its offline and streaming graphs, so the engine
     decodes with the exact streaming decoder.
+    ``n_vq``: codebooks per frame (tables, heads, config.json, the decoders; 16 as the TTSD,
+    VoiceGenerator and SoundEffect members). The encoder keeps the codec's 32 levels, as the
+    published one: the engine keeps the first n_vq.
     """
     from .gguf_writer import write_qwen3_gguf
 
@@ -397,8 +414,8 @@ def write_demo_model(
     gg = root / "MOSS-TTS-GGUF"
     (gg / "embeddings").mkdir(parents=True, exist_ok=True)
     (gg / "lm_heads").mkdir(parents=True, exist_ok=True)
-    ids = TokenIds()
-    w = build_weights(preset, seed, b)
+    ids = demo_ids(n_vq)
+    w = build_weights(preset, seed, b, n_vq)
     p = w.preset
 
     write_tokenizer(gg / "tokenizer")
@@ -422,11 +439,13 @@ def write_demo_model(
     (gg / "config.json").write_text(
         json.dumps(_model_config(p, ids), indent=2) + "\n", encoding="utf-8"
     )
-    write_codec(root / "MOSS-Audio-Tokenizer-ONNX")
+    write_codec(root / "MOSS-Audio-Tokenizer-ONNX", n_vq=n_vq)
     if codec == "real":  # the real decoder architecture replaces the tone decoder
         from .real_codec import CHECKPOINT_DIR, write_real_codec
 
-        write_real_codec(root / "MOSS-Audio-Tokenizer-ONNX", root / CHECKPOINT_DIR, seed=seed)
+        write_real_codec(
+            root / "MOSS-Audio-Tokenizer-ONNX", root / CHECKPOINT_DIR, seed=seed, n_vq=n_vq
+        )
     cfg_path = root / "config.yaml"
     cfg_path.write_text(
         _CONFIG_YAML.format(preset=p.name, seed=seed, gguf=GGUF_NAME), encoding="utf-8"
@@ -437,6 +456,7 @@ def write_demo_model(
         "seed": seed,
         "behaviour": asdict(b),
         "codec": codec,
+        "n_vq": n_vq,
         "codec_builder": _codec_builder(),
         "f_star": b.f_star,
         "final_rms": w.final_rms,
@@ -522,11 +542,12 @@ def demo_marker(config_path: str | Path) -> dict[str, Any] | None:
 
 
 def demo_model_main(
-    dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones"
+    dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones", n_vq: int = N_VQ
 ) -> Path:
-    """``streamtts demo-model DIR [--preset tiny|mid|deep] [--seed N] [--codec tones|real]``."""
+    """``streamtts demo-model DIR [--preset tiny|mid|deep] [--seed N] [--codec tones|real]
+    [--n-vq N]``."""
     t0 = time.perf_counter()
-    cfg = write_demo_model(dir, preset, seed, codec=codec)
+    cfg = write_demo_model(dir, preset, seed, codec=codec, n_vq=n_vq)
     size = sum(f.stat().st_size for f in Path(dir).rglob("*") if f.is_file())
     log.info(
         "wrote the %s demo model (seed %d, %.0f MB) in %.1f s; use it with: streamtts synth --config %s",

@@ -160,17 +160,28 @@ def _save_random(path: Path, shape: tuple[int, int], rng: np.random.Generator, s
 
 
 def write_model(
-    root: Path, shape: Shape, quant: str = "Q4_K_M", seed: int = 0, *, text_head: bool = False
+    root: Path,
+    shape: Shape,
+    quant: str = "Q4_K_M",
+    seed: int = 0,
+    *,
+    text_head: bool = False,
+    n_vq: int = 32,
 ) -> Path:
-    """The official layout (contract section 1) with random weights; returns DIR/config.yaml."""
-    from ..core.tokens import TokenIds
+    """The official layout (contract section 1) with random weights; returns DIR/config.yaml.
+    ``n_vq``: codebooks (16: a VoiceGenerator-shaped model; its config.json says so)."""
+    import msgspec
+
     from .codec import write_codec
+    from .model import demo_ids
     from .tokenizer import write_tokenizer
 
-    ids = TokenIds()
+    ids = demo_ids(n_vq)
     gg = root / "MOSS-TTS-GGUF"
     for d in (gg / "embeddings", gg / "lm_heads"):
         d.mkdir(parents=True, exist_ok=True)
+    if n_vq != 32:  # the token ids and n_vq the engine reads (32 is the default without one)
+        (gg / "config.json").write_text(json.dumps(msgspec.to_builtins(ids)) + "\n", encoding="utf-8")
     rng = np.random.default_rng(seed + 1)
     h = shape.n_embd
     # embeddings: a summed row of 33 tables should have O(1) values
@@ -190,7 +201,7 @@ def write_model(
         )
     write_tokenizer(gg / "tokenizer")
     gguf_path = write_gguf(gg / gguf_file_name(quant), shape, quant, seed)
-    write_codec(root / "MOSS-Audio-Tokenizer-ONNX")
+    write_codec(root / "MOSS-Audio-Tokenizer-ONNX", n_vq=n_vq)
     cfg = root / "config.yaml"
     cfg.write_text(
         "\n".join(
@@ -209,6 +220,7 @@ def write_model(
         encoding="utf-8",
     )
     (root / "random-model.json").write_text(
-        json.dumps({"shape": shape.__dict__, "quant": quant, "seed": seed}) + "\n", encoding="utf-8"
+        json.dumps({"shape": shape.__dict__, "quant": quant, "seed": seed, "n_vq": n_vq}) + "\n",
+        encoding="utf-8",
     )
     return cfg

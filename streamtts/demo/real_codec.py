@@ -67,17 +67,24 @@ def demo_codec_config(width: int = 64, layers: tuple[int, int, int, int] = (2, 1
 
 
 def write_real_codec(
-    onnx_dir: str | Path, checkpoint_dir: str | Path, seed: int = 0, config: dict[str, Any] | None = None
+    onnx_dir: str | Path,
+    checkpoint_dir: str | Path,
+    seed: int = 0,
+    config: dict[str, Any] | None = None,
+    n_vq: int = N_VQ,
 ) -> tuple[Path, Path]:
     """Write the checkpoint into ``checkpoint_dir`` and build ``onnx_dir/decoder.onnx``
     (offline, official I/O) and ``onnx_dir/decoder_streaming.onnx`` from it.
-    ``config``: another codec config.json (default: :func:`demo_codec_config`)."""
+    ``config``: another codec config.json (default: :func:`demo_codec_config`). The
+    checkpoint has the codec's 32 levels; the decoders take the first ``n_vq``
+    (``streamtts codec build --n-vq``), as a 16-codebook model's do."""
     ckpt = Path(checkpoint_dir)
     out = Path(onnx_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_random_checkpoint(ckpt, config or demo_codec_config(), seed=seed)
     res = build_decoders(
-        ckpt, out=out / "decoder_streaming.onnx", offline_out=out / "decoder.onnx", external=False
-    )
+        ckpt, out=out / "decoder_streaming.onnx", offline_out=out / "decoder.onnx", external=False,
+        n_vq=n_vq,
+    )  # fmt: skip
     assert res.streaming is not None and res.offline is not None
     return res.offline, res.streaming

@@ -251,7 +251,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
             heads.close()  # its helper threads
         backbone.close()
         raise
-    preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg), backbone.n_ctx_seq)
+    preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg, ids.n_vq), backbone.n_ctx_seq)
     if cfg.warmup:
         worker.warm_up()
     worker.start()
@@ -266,6 +266,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),
         "heads": "fused (llama.cpp)" if fused else ("numpy (text rows only in llama.cpp)" if fused_path else "numpy"),
         "n_embd": backbone.n_embd,
+        "n_vq": ids.n_vq,  # codebooks per frame (the model's config.json)
         "max_streams": streams,
         "n_ctx_per_stream": backbone.n_ctx_seq,
         "threads": threads,
@@ -299,14 +300,15 @@ def build_codec(cfg: EngineConfig, ids: TokenIds) -> StreamingCodec | WindowedCo
 def _codec(
     cfg: EngineConfig,
     ids: TokenIds,
-    load_decoder: Callable[[EngineConfig], Any],
-    load_streaming: Callable[[EngineConfig, int], Any],
+    load_decoder: Callable[[EngineConfig, int], Any],
+    load_streaming: Callable[[EngineConfig, int, int], Any],
 ) -> StreamingCodec | WindowedCodec:
-    """The exact stateful decoder when there is one (one slot per stream), else windows."""
-    streaming = load_streaming(cfg, cfg.max_streams)
+    """The exact stateful decoder when there is one (one slot per stream), else windows;
+    either for the model's n_vq codebooks."""
+    streaming = load_streaming(cfg, cfg.max_streams, ids.n_vq)
     if streaming is not None:
         return StreamingCodec(streaming, ids.n_vq)
-    decoder = load_decoder(cfg)
+    decoder = load_decoder(cfg, ids.n_vq)
     context = cfg.decode_context_frames
     reach = getattr(decoder, "receptive_frames", None)
     if reach is not None and reach - 1 < context:

@@ -164,7 +164,7 @@ class _Helper(threading.Thread):
 
 
 class AudioHeads:
-    """Audio logits for all 32 codebooks in one matmul: (B, H) -> (B, n_vq, rows).
+    """Audio logits for all n_vq codebooks in one matmul: (B, H) -> (B, n_vq, rows).
 
     ``threads`` > 1 cuts the matmul by columns into that many parts, run at once by the
     calling thread and ``threads - 1`` helper threads, each part one single-threaded BLAS

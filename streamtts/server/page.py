@@ -3,7 +3,7 @@
 Routes (added in app.py)::
 
     GET /favicon.ico, /static/favicon.svg   the page's icon (browsers ask for /favicon.ico)
-    GET /v1/info                            the loaded model's name and whether it is the demo
+    GET /v1/info                            the loaded model's name, its n_vq, whether it is the demo
 
 ``/v1/info`` is open like ``/healthz``: the page shows it before anyone typed a token, and it
 names a model, nothing secret. ``POST /v1/voices`` takes a clip's bytes as the body, or, from
@@ -21,6 +21,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
+from ..constants import N_VQ
 from ..errors import ReferenceAudioError
 
 __all__ = ["DEMO_NOTICE", "clip_from_body", "favicon", "info"]
@@ -46,6 +47,7 @@ async def info(request: Request) -> Response:
             "demo": demo,
             "notice": DEMO_NOTICE if demo else None,
             "ready": bool(state.ready),
+            "n_vq": int(engine_info.get("n_vq", N_VQ)),  # the model's codebooks per frame
             # where the backbone runs, as llama.cpp reported it (model/placement.py)
             "backbone": {
                 k: engine_info[k]

@@ -205,6 +205,28 @@ def test_encode_contract_and_determinism(enc: AudioEncoder, dec: AudioDecoder) -
     assert not np.array_equal(enc.encode(wav * 0.5), codes)  # depends on the signal
 
 
+def test_a_16_codebook_model_decodes_and_encodes_16_levels(
+    demo_model_16_dir: Path, codec_dir: Path, dec: AudioDecoder, enc: AudioEncoder
+) -> None:
+    """A 16-codebook model: its decoder takes (B, T, 16) codes; the encoder keeps the first
+    16 of the codec's 32 levels; the 32-level decoder given 16 codebooks (the rest padded,
+    n_quantizers = 16) decodes them as the 16-level one."""
+    cfg16 = load_config(demo_model_16_dir / "config.yaml")
+    dec16, enc16 = load_decoder(cfg16), load_encoder(cfg16)  # n_vq from the model's config.json
+    codes = _codes(4, 2, 6)[:, :, :16]
+    out = dec16.decode(codes)
+    assert out.shape == (2, 6 * F)
+    assert np.array_equal(OnnxDecoder(codec_dir / "decoder.onnx", n_vq=16).decode(codes), out)
+    with pytest.raises(CodecError, match=r"shape \(B, T, 16\)"):
+        dec16.decode(_codes(4, 1, 2))
+    wav = dec.decode(_codes(8, 1, 9))[0]
+    c16 = enc16.encode(wav)
+    assert c16.shape == (9, 16)
+    np.testing.assert_array_equal(c16, enc.encode(wav)[:, :16])
+    with pytest.raises(ConfigError, match="n_vq must be a positive integer"):
+        OnnxDecoder(codec_dir / "decoder.onnx", n_vq=0)
+
+
 @pytest.mark.parametrize(
     ("wav", "match"),
     [
@@ -331,16 +353,14 @@ def test_onnx_with_wrong_rank_or_size(tmp_path: Path) -> None:
     )
     with pytest.raises(ModelFileError, match=r"input 0 .* rank 2"):
         OnnxDecoder(p)
-    p = _identity_model(
-        tmp_path / "decoder2.onnx",
-        [
-            ("audio_codes", TensorProto.INT64, [16, "b", "t"]),
-            ("n_quantizers", TensorProto.INT64, []),
-        ],
-        [("a", TensorProto.INT64, [16, "b", "t"]), ("l", TensorProto.INT64, [])],
-    )
-    with pytest.raises(ModelFileError, match="size 16 on axis 0, expected 32"):
+    from streamtts.demo.codec import build_decoder_model
+
+    p = tmp_path / "decoder2.onnx"
+    onnx.save_model(build_decoder_model(16), str(p))
+    # 16 levels: too few for the published model's 32 codebooks, right for a 16-codebook one
+    with pytest.raises(ModelFileError, match="its codes have 16 codebook levels, the model has n_vq 32"):
         OnnxDecoder(p)
+    assert OnnxDecoder(p, n_vq=16)._s.levels == 16
 
 
 def test_n_quantizers_of_shape_one_is_fed_as_such(tmp_path: Path) -> None:

@@ -433,6 +433,39 @@ def test_cli_build_and_decode(
     assert "positive frame counts" in capsys.readouterr().err
 
 
+def test_a_16_level_build_decodes_as_the_official_decoder_at_n_quantizers_16(
+    tmp_path: Path, codes: np.ndarray, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 16-codebook model decodes with the codec's first 16 levels: ``codec build --n-vq 16``
+    writes both graphs for (16, B, T) codes; they equal the official decoder.onnx at
+    n_quantizers = 16 (streamed in any chunks, too), and so does the official 32-level file
+    given the 16 codebooks (the runtime pads the levels it does not use)."""
+    from streamtts.codec.onnx import OnnxDecoder
+
+    d = _copy_weights(tmp_path / "w")
+    out, off = tmp_path / "dec" / "stream16.onnx", tmp_path / "dec" / "offline16.onnx"
+    rc = codec_main(["build", "--weights", str(d), "--out", str(out), "--offline-out", str(off), "--n-vq", "16"])
+    assert rc == 0 and "16 codebooks" in capsys.readouterr().out
+    x = np.ascontiguousarray(codes.T[:, None, :])  # (32, 1, 300): levels 16.. must not matter
+    ref = _session(FIX / "decoder.onnx").run(None, {"audio_codes": x, "n_quantizers": np.array(16)})[0]
+    ref = ref.reshape(-1)
+    c16 = codes[:, :16]
+    for path in (off, FIX / "decoder.onnx"):
+        assert np.abs(OnnxDecoder(path, threads=1, n_vq=16).decode(c16[None])[0] - ref).max() < 1e-4
+    dec = StreamingDecoder(out, n_slots=1, weights=d, threads=1)
+    assert dec.n_vq == 16 and _session(out).get_inputs()[0].shape[0] == 16
+    pcm = _stream(dec, dec.acquire(), c16, _chunks([1, 2, 4, 8], 300))
+    assert np.abs(pcm - ref).max() < EXACT
+    with pytest.raises(CodecError, match=r"shape \(B, T, 16\)"):
+        dec.decode([0], codes[None, :2])
+    np.save(tmp_path / "c16.npy", c16)  # (T, 16): `codec decode` reads the decoder's n_vq
+    pcm_path = tmp_path / "pcm.npy"
+    rc = codec_main(["decode", "--decoder", str(out), "--codes", str(tmp_path / "c16.npy"), "--out", str(pcm_path)])
+    assert rc == 0 and np.abs(np.load(pcm_path) - ref).max() < EXACT
+    assert codec_main(["build", "--weights", str(d), "--out", str(out), "--n-vq", "33"]) == 2
+    assert "n_vq 33 is not one of 1..32" in capsys.readouterr().err
+
+
 def test_float16_weights(tmp_path: Path, codes: np.ndarray, offline: np.ndarray) -> None:
     d = _copy_weights(tmp_path / "w")
     r = build_decoders(d, dtype="float16")

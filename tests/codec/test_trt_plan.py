@@ -141,9 +141,11 @@ class FakeRuntime:
         *,
         nq_shape_tensor: bool = False,
         codes_int32: bool = False,
+        n_quantizers: int = 32,  # what the codec must be given (the model's n_vq)
     ) -> None:
         import onnxruntime as ort
 
+        self.n_quantizers = n_quantizers
         self.kind: Kind = kind
         self.profiles = profiles
         self.sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -207,7 +209,7 @@ class FakeRuntime:
         main, nq, out, lens = self.io
         x = self._array(main, self.shapes[profile][main.name])
         q = self._array(nq, (1,), device=not nq.shape_tensor).reshape(())
-        assert int(q) == 32
+        assert int(q) == self.n_quantizers
         feed_dtype = np.int64 if self.kind == "decoder" else np.float32
         y, n = self.sess.run(None, {main.name: x.astype(feed_dtype), nq.name: q.astype(np.int64)})
         self._array(out, y.shape)[...] = y
@@ -281,6 +283,25 @@ def test_official_single_profile_engine_and_int32_shape_tensor(codec_dir: Path) 
         dec.decode(codes), OnnxDecoder(codec_dir / "decoder.onnx").decode(codes), atol=1e-6
     )
     assert rt.executed == [0, 0, 0]
+
+
+def test_a_16_codebook_model_on_the_32_level_engines(codec_dir: Path) -> None:
+    """n_quantizers = 16; the decoder's codes padded to the engine's 32 levels, the
+    encoder's first 16 levels kept: as the ONNX Runtime backend does."""
+    prof = streaming_profiles(4, 8, 4, max_frames=20)
+    dec = TrtDecoder(FakeRuntime(codec_dir / "decoder.onnx", "decoder", prof, n_quantizers=16), n_vq=16)
+    codes = _codes(np.random.default_rng(3), 2, 9)[:, :, :16]
+    ref = OnnxDecoder(codec_dir / "decoder.onnx", n_vq=16)
+    np.testing.assert_allclose(dec.decode(codes), ref.decode(codes), atol=1e-6)
+    with pytest.raises(CodecError, match=r"shape \(B, T, 16\)"):
+        dec.decode(_codes(np.random.default_rng(3), 1, 2))
+    rt = FakeRuntime(codec_dir / "encoder.onnx", "encoder", [ProfileShape((1, 1, 1), (1, 50, 100))], n_quantizers=16)
+    enc = TrtEncoder(rt, n_vq=16)
+    wav = (0.3 * np.sin(2 * np.pi * 220 * np.arange(1920 * 5) / 24000)).astype(np.float32)
+    got = enc.encode(wav)
+    assert got.shape == (5, 16)
+    np.testing.assert_array_equal(got, OnnxEncoder(codec_dir / "encoder.onnx", n_vq=16).encode(wav))
+    assert main_input_shape("decoder", 2, 5, 16) == (16, 2, 5)
 
 
 def test_encoder_matches_onnx(codec_dir: Path) -> None:

@@ -454,3 +454,42 @@ def test_demo_model_main_logs_and_returns_the_config(
     assert cfg.is_file()
     assert any("demo model" in r.getMessage() for r in caplog.records)
     assert not any(r.name.startswith("gguf") and r.levelname == "INFO" for r in caplog.records)
+
+
+@pytest.mark.parametrize("codec", ["tones", "real"])
+def test_a_16_codebook_demo_bundle_synthesises(tmp_path: Path, codec: str) -> None:
+    """``streamtts demo-model DIR --n-vq 16`` writes a whole 16-codebook bundle (tables, heads,
+    config.json, decoders for 16 levels; the encoder keeps the codec's 32, as the published
+    one) and ``streamtts synth`` on it writes audio and (T, 16) codes."""
+    import onnx
+    import soundfile as sf
+
+    from streamtts.cli.main import main
+
+    d = tmp_path / "m16"
+    assert main(["demo-model", str(d), "--n-vq", "16", "--codec", codec]) == 0
+    gg = d / GG
+    assert len(list((gg / "embeddings").glob("emb_ext_*.npy"))) == 16
+    assert len(list((gg / "lm_heads").glob("lm_head_audio_*.npy"))) == 16
+    assert load_token_ids(gg / "config.json").n_vq == 16
+    assert json.loads((d / demo.MARKER).read_text())["n_vq"] == 16
+    onnx_dir = d / "MOSS-Audio-Tokenizer-ONNX"
+    graphs = ["decoder.onnx"] + (["decoder_streaming.onnx"] if codec == "real" else [])
+    for name in graphs:
+        m = onnx.load(str(onnx_dir / name))
+        assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 16, name
+    enc = onnx.load(str(onnx_dir / "encoder.onnx"))
+    assert enc.graph.output[0].type.tensor_type.shape.dim[0].dim_value == 32
+    wav, codes = tmp_path / "x.wav", tmp_path / "c.npy"
+    rc = main(["synth", "--config", str(d / "config.yaml"), "--text", "Hello.", "--out", str(wav),
+               "--codes-out", str(codes), "--n-threads", "1"])  # fmt: skip
+    assert rc == 0
+    c = np.load(codes)
+    assert c.ndim == 2 and c.shape[1] == 16 and c.shape[0] >= 1
+    audio, sr = sf.read(wav)
+    assert sr == 24000 and audio.shape[0] == c.shape[0] * 1920
+
+
+def test_demo_n_vq_out_of_range_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="demo n_vq must be an integer in 3..32"):
+        demo.write_demo_model(tmp_path / "x", n_vq=33)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+from conftest import demo_dir_for
 
 from streamtts import Engine
 from streamtts.config import SamplingParams
@@ -45,22 +46,28 @@ async def collect(engine: Engine, seed: int, frames: int = 30) -> tuple[np.ndarr
 
 
 def offline_decode(root: Path, codes: np.ndarray) -> np.ndarray:
+    """The offline graph straight on ONNX Runtime, n_quantizers = the codes' n_vq."""
     sess = ort.InferenceSession(str(root / CODEC / "decoder.onnx"), providers=["CPUExecutionProvider"])
     a, b = (i.name for i in sess.get_inputs())
-    out = sess.run(None, {a: codes.T[:, None, :].astype(np.int64), b: np.array(32, np.int64)})[0]
+    nq = np.array(codes.shape[1], np.int64)
+    out = sess.run(None, {a: codes.T[:, None, :].astype(np.int64), b: nq})[0]
     return np.asarray(out[0, 0])
 
 
-def test_engine_streams_exactly_the_offline_decode(real_codec_model_dir: Path) -> None:
+@pytest.mark.parametrize("n_vq", [32, 16])
+def test_engine_streams_exactly_the_offline_decode(request: pytest.FixtureRequest, n_vq: int) -> None:
+    root = demo_dir_for(request, n_vq, real_codec=True)
+
     async def main() -> tuple[Any, np.ndarray, np.ndarray]:
-        async with make_engine(real_codec_model_dir) as engine:
+        async with make_engine(root) as engine:
             pcm, codes = await collect(engine, seed=1, frames=40)
             return engine.info, pcm, codes
 
     info, pcm, codes = asyncio.run(main())
     assert info["codec"] == "streaming" and info["codec_state_mib_per_stream"] > 0
-    assert codes.shape == (40, 32) and pcm.shape == (40 * 1920,)
-    ref = offline_decode(real_codec_model_dir, codes)
+    assert info["n_vq"] == n_vq
+    assert codes.shape == (40, n_vq) and pcm.shape == (40 * 1920,)
+    ref = offline_decode(root, codes)
     assert np.sqrt(np.mean(ref**2)) > 0.1  # the decoder makes signal, not silence
     from streamtts.engine.decoding import END_FADE_SAMPLES
 
@@ -218,3 +225,33 @@ def test_beside_a_gpu_codec_the_streaming_graph_asks_for_the_gpu(
     assert load_streaming_decoder(trt, 1) is None  # no engine of it beside the TensorRT decoder
     with pytest.raises(ConfigError, match="goes with audio_backend 'trt'"):
         load_streaming_decoder(msgspec.structs.replace(named, audio_backend="trt"), 1)
+
+
+def test_a_streaming_graph_for_another_n_vq_is_passed_over_or_refused(
+    real_codec_model_dir: Path, real_codec_16_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The streaming graph has no n_quantizers: one built for 32 levels cannot decode a
+    16-codebook model's codes. Found beside the decoder it is passed over (windows, with the
+    model's offline decoder); named in the config it is an error saying how to rebuild."""
+    import msgspec
+
+    from streamtts.codec import load_decoder, load_streaming_decoder
+    from streamtts.config import load_config
+
+    cfg16 = load_config(real_codec_16_model_dir / "config.yaml")
+    graph32 = real_codec_model_dir / CODEC / "decoder_streaming.onnx"
+    with pytest.raises(ModelFileError, match=r"built for 32: rebuild it with `streamtts codec build --n-vq 16`"):
+        load_streaming_decoder(msgspec.structs.replace(cfg16, codec_streaming=str(graph32)), 1)
+    # the 32-level model's own config, told the model has 16 codebooks: found, passed over
+    cfg32 = load_config(real_codec_model_dir / "config.yaml")
+    with caplog.at_level(logging.WARNING, logger="streamtts.codec"):
+        assert load_streaming_decoder(cfg32, 1, n_vq=16) is None
+    assert "built for 32" in caplog.text
+    dec = load_streaming_decoder(cfg16, 1)  # the model's n_vq from its config.json
+    assert dec is not None and dec.n_vq == 16
+    # the 32-level offline graph decodes 16 codebooks (n_quantizers = 16: the first 16 levels)
+    # exactly as the 16-level one built from the same checkpoint
+    codes = np.random.default_rng(0).integers(0, 1024, size=(1, 5, 16), dtype=np.int64)
+    a = load_decoder(cfg32, n_vq=16).decode(codes)
+    b = load_decoder(cfg16).decode(codes)
+    assert np.abs(a - b).max() < 1e-5 and np.sqrt(np.mean(b**2)) > 0.01

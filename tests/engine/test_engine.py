@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import demo_dir_for
 
 from streamtts import Engine
 from streamtts.codec import load_decoder
@@ -50,8 +51,11 @@ def official_greedy_frames(demo_model_dir: Path, text: str, max_new: int) -> np.
 
 
 @pytest.mark.determinism
-def test_greedy_codes_match_official_algorithm(demo_model_dir: Path) -> None:
+@pytest.mark.parametrize("n_vq", [32, 16])
+def test_greedy_codes_match_official_algorithm(request: pytest.FixtureRequest, n_vq: int) -> None:
     # without the prefix cache the prompt is fed in one call, exactly as the official pipeline
+    demo_model_dir = demo_dir_for(request, n_vq)
+
     async def main() -> tuple[np.ndarray, Any]:
         async with make_engine(demo_model_dir, prefix_cache_mib=0) as engine:
             syn = await engine.generate(TEXT, options=GREEDY)
@@ -60,12 +64,18 @@ def test_greedy_codes_match_official_algorithm(demo_model_dir: Path) -> None:
     codes, stats = run(main())
     ref = official_greedy_frames(demo_model_dir, TEXT, 400)
     assert stats.finish_reason == "audio_end"
-    assert codes.shape[0] >= 2
+    assert codes.shape[0] >= 2 and codes.shape[1] == n_vq
     np.testing.assert_array_equal(codes, ref)
 
 
-@pytest.mark.parametrize("chunks", [[1], [1, 2, 4, 8], [3], [8, 1]])
-def test_streamed_equals_offline_decode(demo_model_dir: Path, chunks: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("n_vq", "chunks"), [(32, [1]), (32, [1, 2, 4, 8]), (32, [3]), (32, [8, 1]), (16, [1, 2, 4, 8])]
+)
+def test_streamed_equals_offline_decode(
+    request: pytest.FixtureRequest, n_vq: int, chunks: list[int]
+) -> None:
+    demo_model_dir = demo_dir_for(request, n_vq)
+
     async def main() -> tuple[list[Any], Any]:
         async with make_engine(demo_model_dir, chunk_frames=chunks) as engine:
             return await collect(engine, options=StreamOptions(seed=7, fixed_frames=30))
@@ -73,7 +83,7 @@ def test_streamed_equals_offline_decode(demo_model_dir: Path, chunks: list[int])
     got, stats = run(main())
     codes = np.concatenate([c.codes for c in got])
     pcm = np.concatenate([c.pcm for c in got])
-    assert codes.shape[0] == 30 and stats.frames == 30
+    assert codes.shape == (30, n_vq) and stats.frames == 30
     assert [c.frames.start for c in got] == sorted(c.frames.start for c in got)
     assert sum(len(c.frames) for c in got) == 30
     cfg = load_config(demo_model_dir / "config.yaml")
@@ -87,18 +97,22 @@ def test_streamed_equals_offline_decode(demo_model_dir: Path, chunks: list[int])
         assert [len(c.frames) for c in got][:4] == [1, 2, 4, 8]
 
 
-def test_first_chunk_right_after_step_31(demo_model_dir: Path) -> None:
-    async def main() -> list[Any]:
-        async with make_engine(demo_model_dir) as engine:
-            chunks, _ = await collect(engine, options=StreamOptions(seed=3, fixed_frames=6))
-            return chunks
+@pytest.mark.parametrize("n_vq", [32, 16])
+def test_first_chunk_right_after_step_n_vq_minus_1(request: pytest.FixtureRequest, n_vq: int) -> None:
+    async def main() -> tuple[list[Any], Any]:
+        async with make_engine(demo_dir_for(request, n_vq)) as engine:
+            return await collect(engine, options=StreamOptions(seed=3, fixed_frames=6))
 
-    chunks = run(main())
+    chunks, stats = run(main())
     assert chunks[0].frames == range(0, 1)
-    assert chunks[0].step == 31  # frame f completes at step f + 31 (0-based)
+    # frame f completes at step f + n_vq - 1 (0-based): 31 for 32 codebooks, 15 for 16
+    assert chunks[0].step == n_vq - 1
     # every later frame needs exactly one more step
     for c in chunks:
-        assert c.step == c.frames.stop - 1 + 31
+        assert c.step == c.frames.stop - 1 + n_vq - 1
+        assert c.codes.shape == (len(c.frames), n_vq)
+    # the end ramp: after the 6 gen-slot steps, n_vq - 1 forced delay slots finish the frames
+    assert stats.finish_reason == "audio_end" and stats.steps == 6 + n_vq - 1
 
 
 @pytest.mark.determinism
@@ -134,14 +148,15 @@ def test_two_concurrent_streams_match_alone(demo_model_dir: Path) -> None:
         np.testing.assert_array_equal(x, y)
 
 
-def test_max_new_tokens_cut_keeps_complete_frames(demo_model_dir: Path) -> None:
+@pytest.mark.parametrize("n_vq", [32, 16])
+def test_max_new_tokens_cut_keeps_complete_frames(request: pytest.FixtureRequest, n_vq: int) -> None:
     async def main() -> tuple[list[Any], Any]:
-        async with make_engine(demo_model_dir) as engine:
+        async with make_engine(demo_dir_for(request, n_vq)) as engine:
             return await collect(engine, options=StreamOptions(seed=5, max_new_tokens=40, fixed_frames=100))
 
     chunks, stats = run(main())
-    # N steps complete frames 0 .. N-32, i.e. N - 31 frames
-    assert sum(len(c.frames) for c in chunks) == 40 - 31
+    # N steps complete frames 0 .. N-n_vq, i.e. N - (n_vq - 1) frames
+    assert sum(len(c.frames) for c in chunks) == 40 - (n_vq - 1)
     assert stats.finish_reason == "max_new_tokens"
     assert chunks[-1].is_last
 
@@ -289,9 +304,13 @@ def test_decode_error_reaches_consumer_with_cause(demo_model_dir: Path) -> None:
     run(main())
 
 
-def test_voice_cloning_reference_goes_into_prompt(demo_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("n_vq", [32, 16])
+def test_voice_cloning_reference_goes_into_prompt(
+    request: pytest.FixtureRequest, n_vq: int, tmp_path: Path
+) -> None:
     import soundfile as sf
 
+    demo_model_dir = demo_dir_for(request, n_vq)
     t = np.arange(int(16000 * 1.3)) / 16000
     wav = 0.3 * np.sin(2 * np.pi * 220 * t)
     stereo = np.stack([wav, wav * 0.5], axis=1)
@@ -306,10 +325,10 @@ def test_voice_cloning_reference_goes_into_prompt(demo_model_dir: Path, tmp_path
             return voice, with_ref.stats, without.stats
 
     voice, with_ref, without = run(main())
-    # 1.3 s at 24 kHz padded to whole 80 ms frames
-    assert voice.codes.shape == (17, 32)
-    # the reference block adds T + 31 slot rows plus the "[S1]:" header
-    assert with_ref.prompt_rows - without.prompt_rows >= 17 + 31
+    # 1.3 s at 24 kHz padded to whole 80 ms frames; the first n_vq of the codec's 32 levels
+    assert voice.codes.shape == (17, n_vq)
+    # the reference block adds T + n_vq - 1 slot rows plus the "[S1]:" header
+    assert with_ref.prompt_rows - without.prompt_rows >= 17 + n_vq - 1
 
 
 def test_sync_wrapper(demo_model_dir: Path) -> None:

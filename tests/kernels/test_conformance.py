@@ -35,7 +35,8 @@ from streamtts.kernels import TABLE, Kernels, SpecDelayStep, SpecFramePush, Spec
 from streamtts.model.tables import Embedder
 
 REAL = TokenIds()
-IDS = {"small": SMALL_IDS, "swapped": SWAPPED_IDS, "real": REAL}
+FAMILY16 = TokenIds(n_vq=16)  # TTSD, VoiceGenerator, SoundEffect: the real ids, 16 codebooks
+IDS = {"small": SMALL_IDS, "swapped": SWAPPED_IDS, "real": REAL, "real16": FAMILY16}
 STATE = ("audio_length", "delayed_length", "is_audio", "is_stopping", "audio_ended", "time_step", "seen")
 
 
@@ -344,6 +345,16 @@ CASES = [
          st.fixed_dictionaries({"seed": st.integers(0, 2**32 - 1), "ids": st.just("real"), "capacity": st.just(4), "fused": st.booleans(),
                                 "split": st.booleans(), "steps": st.just(120), "bad": st.just(0.0), "delay": st.just((-9.0,) * 12 + (3.0,))}), 3,
          min_handed_back=1),
+    # the 16-codebook members: the same twins, the model's n_vq from the structs they get
+    Case("delay_step", "16 codebooks", drive_delay_step,
+         st.fixed_dictionaries({"seed": SEED, "ids": st.just("real16"), "capacity": st.just(4), "fused": st.booleans(),
+                                "split": st.booleans(), "steps": st.just(80), "bad": st.just(0.02), "delay": st.just((-9.0,) * 8 + (3.0,))}), 4,
+         min_handed_back=1),
+    Case("frame_push", "16 codebooks", drive_frame_push,
+         st.fixed_dictionaries({"seed": SEED, "n_vq": st.just(16), "capacity": st.just(4), "split": st.booleans()}), 10),
+    Case("step_embed", "16 codebooks", drive_step_embed,
+         st.fixed_dictionaries({"seed": SEED, "ids": st.just("real16"), "n_embd": st.just(64), "dtype": st.sampled_from(["float16", "float32"]),
+                                "split": st.booleans(), "steps": st.just(30)}), 4),
     Case("frame_push", "4 codebooks", drive_frame_push,
          st.fixed_dictionaries({"seed": SEED, "n_vq": st.just(4), "capacity": st.just(8), "split": st.booleans()}), 60),
     Case("frame_push", "32 codebooks", drive_frame_push,

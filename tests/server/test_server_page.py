@@ -36,6 +36,7 @@ def test_info_names_the_demo_model(server: Any) -> None:
     assert info["demo"] is True and info["ready"] is True
     assert info["model"].startswith("streamtts demo model (tiny")
     assert "tones, not words" in info["notice"]
+    assert info["n_vq"] == 32  # the model's codebooks per frame
 
 
 def test_info_and_metrics_say_where_the_backbone_runs(server: Any) -> None:

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from .arch import CodecArch, load_arch
 from .graph import DecoderGraph, ExternalData, GraphBuilder, emit_decoder, import_onnx
 from .tensors import DecoderWeights
 
-__all__ = ["BuildResult", "build_decoders", "layout_of", "state_bytes_per_slot"]
+__all__ = ["BuildResult", "build_decoders", "layout_of", "state_bytes_per_slot", "with_levels"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,18 @@ class BuildResult:
     arch: CodecArch
     state_bytes_per_slot: int
     seconds: float
+
+
+def with_levels(arch: CodecArch, n_vq: int | None) -> CodecArch:
+    """``arch`` de-quantising its first ``n_vq`` levels only (None: all of them)."""
+    if n_vq is None:
+        return arch
+    have = arch.quantizer.n_q
+    if isinstance(n_vq, bool) or not isinstance(n_vq, int) or not 1 <= n_vq <= have:
+        raise ConfigError(
+            f"codec build: n_vq {n_vq!r} is not one of 1..{have} (the codec's levels, {arch.path})"
+        )
+    return replace(arch, quantizer=replace(arch.quantizer, n_q=n_vq))
 
 
 def layout_of(arch: CodecArch) -> dict[str, Any]:
@@ -163,12 +175,17 @@ def build_decoders(
     dtype: str = "float32",
     progress: bool = False,
     external: bool | None = None,
+    n_vq: int | None = None,
 ) -> BuildResult:
     """Build the streaming graph (``out``, default ``WEIGHTS/decoder_streaming.onnx``) and,
     when ``offline_out`` is given, the offline graph, from the checkpoint in ``weights``.
 
     ``external`` forces (True) or forbids (False) a separate weights data file; by default
-    it is used above ~1.5 GiB of weights.
+    it is used above ~1.5 GiB of weights. ``n_vq``: the codebooks the graphs take (the
+    model's n_vq), the codec's first ``n_vq`` levels: what the official decode with
+    ``n_quantizers = n_vq`` computes (the streaming graph has no n_quantizers input and
+    sums every level it has; the offline one keeps the input, over its n_vq levels).
+    Default: all the checkpoint's levels.
     """
     t0 = time.monotonic()
     if dtype not in DTYPES:
@@ -176,7 +193,7 @@ def build_decoders(
     folder = Path(weights)
     if not streaming and offline_out is None:
         raise ConfigError("codec build: nothing to build (no streaming graph and no offline_out)")
-    arch = load_arch(folder)
+    arch = with_levels(load_arch(folder), n_vq)
     weight_bytes = arch.params * (2 if dtype == "float16" else 4)
     if external is None:
         external = weight_bytes > EXTERNAL_OVER

@@ -2,13 +2,13 @@
 
 One layer code (:class:`DecoderGraph`) emits two graphs:
 
-``offline``: the official contract. Inputs ``audio_codes`` int64 (32, B, T) and
-``n_quantizers`` int64 scalar; outputs ``audio`` float32 (B, 1, T*1920) and
-``audio_lengths`` int64 (B,). Every stage attends over the whole sequence with the
+``offline``: the official contract. Inputs ``audio_codes`` int64 (n_q, B, T) and
+``n_quantizers`` int64 scalar (levels >= it contribute nothing, as in the official export);
+outputs ``audio`` float32 (B, 1, T*1920) and ``audio_lengths`` int64 (B,). Every stage attends over the whole sequence with the
 official window mask (query p sees keys p-context+1 .. p), positions from 0.
 
 ``streaming``: decodes the next T frames of B streams that have already decoded
-``positions[b]`` frames. Inputs ``codes`` int64 (32, B, T), ``positions`` int64 (B,),
+``positions[b]`` frames. Inputs ``codes`` int64 (n_q, B, T), ``positions`` int64 (B,),
 ``slots`` int64 (B,), ``lengths`` int64 (B,) (row b's real frames, the rest padding) and
 per stage s ``state_s`` float32 (n_slots, L, 2, H, cap, hd): the caller's whole slot
 table. Outputs ``audio`` float32 (B, T*1920) and per stage ``state_out_s``: the table with
@@ -26,6 +26,10 @@ by absolute position: ring entry j holds the newest position q <= P-1 with q = j
 cap), P = positions * tokens_per_frame; entries with q < 0 are empty. With cap = context,
 the ring holds every key the offline decode lets these queries see, so the result is the
 offline one up to float rounding, for any chunking and any mix of positions in a batch.
+
+n_q is the architecture's quantizer count: the checkpoint's 32, or the model's n_vq when the
+build takes only the first levels (``build_decoders(n_vq=16)``); the streaming graph has no
+``n_quantizers`` and sums every level it has.
 
 RoPE is applied at absolute positions (float32 position x float32 frequency, as the
 official code; cos/sin in float64 then rounded, so long streams keep their accuracy).

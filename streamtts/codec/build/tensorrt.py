@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ...constants import N_VQ
 from ...errors import CodecError, ModelFileError
 from ..trt_plan import (
     IOTensor,
@@ -47,6 +48,7 @@ class BuildOptions:
     precision: Precision = "tf32"
     workspace_bytes: int = 4 << 30
     max_reference_seconds: float = 40.0  # encoder engines only
+    n_vq: int = N_VQ  # the model's codebooks: n_quantizers, and the codes' levels if dynamic
 
     def profiles(self, kind: Kind = "decoder") -> list[ProfileShape]:
         if kind == "encoder":
@@ -80,7 +82,7 @@ _ASSUMED_IO: dict[Kind, list[IOTensor]] = {
 def describe_plan(opts: BuildOptions, kind: Kind = "decoder") -> str:
     """Human-readable profiles and run-time buffer sizes for these options."""
     profiles = opts.profiles(kind)
-    plan = plan_buffers(kind, _ASSUMED_IO[kind], profiles)
+    plan = plan_buffers(kind, _ASSUMED_IO[kind], profiles, opts.n_vq)
     lines = [f"TensorRT {kind} engine, {opts.precision}, {len(profiles)} profile(s):"]
     for i, p in enumerate(profiles):
         lines.append(
@@ -136,17 +138,23 @@ def build_engine(
         )
     config = net.config(opts)
     main, nq = network.get_input(0), network.get_input(1)
+    codes = main if kind == "decoder" else network.get_output(0)
+    levels = int(codes.shape[0]) if int(codes.shape[0]) > 0 else opts.n_vq
+    if levels < opts.n_vq:
+        raise ModelFileError(
+            src, f"a codec {kind} of at least {opts.n_vq} levels (n_vq)", f"it has {levels}"
+        )
     for p in opts.profiles(kind):
         prof = builder.create_optimization_profile()
-        prof.set_shape(main.name, *p.input_shapes(kind))
-        # n_quantizers is always 32: a fixed shape, and fixed values if TensorRT made it a
+        prof.set_shape(main.name, *p.input_shapes(kind, levels))
+        # n_quantizers is always n_vq: a fixed shape, and fixed values if TensorRT made it a
         # shape tensor (an input whose value decides shapes, read on the host)
         nq_shape = tuple(1 if d < 0 else d for d in nq.shape)
         if any(d < 0 for d in nq.shape):
             prof.set_shape(nq.name, nq_shape, nq_shape, nq_shape)
         if nq.is_shape_tensor:
             n = int(math.prod(nq_shape))
-            prof.set_shape_input(nq.name, [32] * n, [32] * n, [32] * n)
+            prof.set_shape_input(nq.name, [opts.n_vq] * n, [opts.n_vq] * n, [opts.n_vq] * n)
         config.add_optimization_profile(prof)
     log.info("building the TensorRT %s engine from %s (this takes minutes)", kind, src)
     dst = Path(out)
@@ -245,7 +253,7 @@ def build_streaming_engine(
     if slots < 1:
         raise CodecError(f"--slots must be >= 1, got {slots}")
     meta = streaming_onnx_meta(src)
-    stages, _, _ = check_build_meta(src, meta, None, expected)
+    stages, _, _, n_vq = check_build_meta(src, meta, None, expected)
     t_max = max(1, min(max_frames, ring_chunk_limit(stages)))
     trt = import_tensorrt()
     t0 = time.monotonic()
@@ -259,7 +267,7 @@ def build_streaming_engine(
     for p in stateful_profiles(opts.max_batch, opts.chunk_frames, t_max, opts.batch_buckets):
         prof = builder.create_optimization_profile()
         (b0, b1, b2), (f0, f1, f2) = p.batch, p.frames
-        prof.set_shape("codes", (32, b0, f0), (32, b1, f1), (32, b2, f2))
+        prof.set_shape("codes", (n_vq, b0, f0), (n_vq, b1, f1), (n_vq, b2, f2))
         for name in STATEFUL_INPUTS[1:]:  # (B,) each
             prof.set_shape(name, (b0,), (b1,), (b2,))
         for i, st in enumerate(stages):  # the slot tables: fixed
