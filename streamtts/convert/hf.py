@@ -54,7 +54,6 @@ from ..checkpoint import Checkpoint
 from ..errors import ModelFileError
 from ..paths import gguf_writer_at, quiet_gguf
 from .config_file import config_yaml, gguf_file_name
-from .member import GENERATION_CONFIG, MemberChoice, choose_member
 from .hf_source import (
     MossConfig,
     check_tensors,
@@ -63,6 +62,7 @@ from .hf_source import (
     official_order,
     read_config,
 )
+from .member import GENERATION_CONFIG, MemberChoice, choose_member
 from .quantize import DIRECT, estimate_bytes, parse_quant, quantize
 from .vocab import TOKENIZER_FILES, GGUFVocab, add_vocab, read_vocab
 

@@ -23,8 +23,8 @@ from fixtures.family import SHAPES, family_checkpoint
 from streamtts import cli
 from streamtts.checkpoint import Checkpoint
 from streamtts.convert.hf import convert_hf
-from streamtts.convert.member import choose_member
 from streamtts.convert.hf_source import gguf_name
+from streamtts.convert.member import choose_member
 from streamtts.core.family import MEMBERS, kind_from_name
 from streamtts.errors import ConfigError, ModelFileError
 
