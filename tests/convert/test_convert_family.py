@@ -333,3 +333,21 @@ def test_bad_generation_config(tmp_path: Path, content: dict[str, Any], match: s
         convert_hf(src, tmp_path / "bundle", ["F16"], gpu=False)
     assert "generation_config.json" in str(err.value)
     assert not (tmp_path / "bundle").exists()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fixture_materialises_the_recorded_checkpoint(shape: str, tmp_path: Path) -> None:
+    """tests/fixtures/family: the file compact.py recorded, only unused embedding rows zeroed."""
+    import hashlib
+
+    manifest = json.loads((Path(__file__).parents[1] / "fixtures" / "family" / "compact.json").read_text())
+    src = family_checkpoint(shape, tmp_path)  # type: ignore[arg-type]
+    digest = hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == manifest[shape]["model_safetensors_sha256"]
+    with Checkpoint(src) as ck:
+        embed = ck.get_f32("language_model.embed_tokens.weight")
+    kept = np.zeros(len(embed), dtype=bool)
+    kept[manifest[shape]["kept_embed_rows"]] = True
+    assert embed[kept].any(axis=1).all() and not embed[~kept].any()
+    assert sorted(p.name for p in src.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]  # fmt: skip
