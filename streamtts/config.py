@@ -10,6 +10,7 @@ the official pipeline does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -196,6 +197,15 @@ class EngineConfig(_SamplingKeys, kw_only=True):
 
     # where the file came from (not a YAML key)
     source: str = ""
+    # the keys the config file (and load_config's overrides) set; None: built in Python, where
+    # a key counts as set when it differs from its default (not a YAML key; see is_set)
+    explicit_keys: frozenset[str] | None = None
+
+    def is_set(self, key: str) -> bool:
+        """Whether the user chose ``key`` (a model's defaults, with_defaults, leave it alone)."""
+        if self.explicit_keys is not None:
+            return key in self.explicit_keys
+        return bool(getattr(self, key) != getattr(_DEFAULTS, key))
 
     @property
     def sampling(self) -> SamplingParams:
@@ -231,6 +241,27 @@ class EngineConfig(_SamplingKeys, kw_only=True):
         return self
 
 
+_DEFAULTS = EngineConfig()
+_NOT_KEYS = frozenset({"source", "explicit_keys"})
+
+
+def with_defaults(cfg: EngineConfig, defaults: Mapping[str, Any], source: str) -> EngineConfig:
+    """A copy of ``cfg`` whose keys the user did not set (:meth:`EngineConfig.is_set`) take
+    their value from ``defaults`` (a model's own, e.g. its member's sampling preset, read from
+    ``source``); a bad value is a ConfigError naming ``source``."""
+    changes = {k: v for k, v in defaults.items() if not cfg.is_set(k)}
+    unknown = sorted(set(changes) - set(EngineConfig.__struct_fields__) | (set(changes) & _NOT_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: not config keys: {', '.join(unknown)}")
+    if not changes:
+        return cfg
+    try:
+        out = msgspec.convert({**msgspec.structs.asdict(cfg), **changes}, EngineConfig)
+        return out.validate()
+    except (msgspec.ValidationError, ConfigError) as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
 def _project_root(start: Path) -> Path | None:
     for parent in (start, *start.parents):
         if (parent / "pyproject.toml").exists():
@@ -259,7 +290,7 @@ def resolve_path(value: str, config_dir: Path | None) -> str:
 
 
 def config_from_dict(data: dict[str, Any], config_dir: Path | None = None, source: str = "") -> EngineConfig:
-    known = set(EngineConfig.__struct_fields__) - {"source"}
+    known = set(EngineConfig.__struct_fields__) - _NOT_KEYS
     unknown = sorted(set(data) - known)
     if unknown:
         log.warning("%s: ignoring unknown config keys: %s", source or "config", ", ".join(unknown))
@@ -272,6 +303,7 @@ def config_from_dict(data: dict[str, Any], config_dir: Path | None = None, sourc
         setattr(cfg, key, resolve_path(getattr(cfg, key), config_dir))
     cfg.voices = {k: (resolve_path(v, config_dir) if v else None) for k, v in cfg.voices.items()}
     cfg.source = source
+    cfg.explicit_keys = frozenset(filtered)
     return cfg.validate()
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core.family import MEMBERS
 from ..errors import ConfigError, UsageError
 from .common import load_config_or_demo
 
@@ -186,7 +187,13 @@ def _add_convert_hf(sub: Any) -> None:
     c.add_argument("--out", required=True, help="bundle folder (MOSS_TTS_<QUANT>.gguf, embeddings/, lm_heads/, ...)")
     c.add_argument(
         "--quant", action="append",
-        help="GGUF type to write, repeatable: Q4_K_M (default), Q5_K_M, Q6_K, Q8_0, F16, ...; the first is the config's",
+        help="GGUF type to write, repeatable: Q4_K_M (default), Q5_K_M, Q6_K, Q8_0, F16, BF16, F32 "
+        "(the bf16 weights exactly), ...; the first is the config's",
+    )  # fmt: skip
+    c.add_argument(
+        "--model-kind", choices=list(MEMBERS),
+        help="the family member (default: read from SRC's name, else moss-tts with a warning); the "
+        "bundle's config.json names it and carries its sampling defaults",
     )  # fmt: skip
     c.add_argument("--fused", action="store_true", help="also write the fused-heads GGUF (streamtts convert) of the first --quant")
     c.add_argument("--keep-f16", action="store_true", help="keep the F16 GGUF the quantizer reads")
@@ -202,9 +209,10 @@ def _convert_hf(args: argparse.Namespace) -> int:
         res = convert_hf(
             args.src, args.out, args.quant or ["Q4_K_M"], fused=args.fused, keep_f16=args.keep_f16,
             n_threads=args.threads, revision=args.revision, progress=progress,
+            model_kind=args.model_kind,
         )  # fmt: skip
     print(
         f"wrote {len(res.written)} file(s) into {res.out_dir} in {res.seconds:.1f} s "
-        f"({len(res.skipped)} already there); config: {res.config_yaml}"
+        f"({len(res.skipped)} already there); model {res.model_kind}; config: {res.config_yaml}"
     )
     return 0

@@ -3,18 +3,22 @@
 What the official chain does in three steps (``extract_weights.py``, llama.cpp's
 ``convert_hf_to_gguf.py --outtype f16``, ``llama-quantize``), in one command without torch::
 
-    DIR/MOSS_TTS_<QUANT>.gguf          one per --quant (F16 allowed); Q* by llama.cpp's quantizer
+    DIR/MOSS_TTS_<QUANT>.gguf          one per --quant: F32, F16, BF16 written here; Q* by
+                                       llama.cpp's quantizer from the F16 file
     DIR/embeddings/embed_tokens.npy    float16, emb_ext_00..NN.npy
     DIR/lm_heads/lm_head_text.npy      float16, lm_head_audio_00..NN.npy
     DIR/tokenizer/                     the tokenizer files extract_weights.py copies
-    DIR/config.json                    the checkpoint's config (token ids, n_vq, ...)
+    DIR/config.json                    the checkpoint's config (token ids, n_vq, ...), plus
+                                       model_kind and its sampling defaults (convert/member.py)
     DIR/config.yaml                    a ready streamtts config (paths relative to DIR)
     DIR/MOSS_TTS_<QUANT>.fused.gguf    with --fused (``streamtts convert``), first --quant
 
 How it matches the official files (see docs/convert.md): the .npy tables are the checkpoint's
 tensors rounded to float16 (round to nearest even, as torch's ``.to(float16)``); the F16 GGUF
 has the tensor names, types, order and metadata keys llama.cpp's converter writes for a
-Qwen3 model (norms F32, matrices F16); quantized files come from ``llama_model_quantize``.
+Qwen3 model (norms F32, matrices F16; ``--outtype f32``/``bf16``: every tensor F32, or the
+matrices BF16); quantized files come from ``llama_model_quantize``. The GGUF's output layer
+is always ``lm_heads.0`` (MOSS's text head), whatever ``tie_word_embeddings`` says.
 
 Memory: tensors are read a slab of rows at a time (``Checkpoint.iter_rows``) and written as
 they are converted, so the converter holds a few tens of MB whatever the model's size;
@@ -58,7 +62,8 @@ from .hf_source import (
     official_order,
     read_config,
 )
-from .quantize import estimate_bytes, parse_quant, quantize
+from .member import GENERATION_CONFIG, MemberChoice, choose_member
+from .quantize import DIRECT, estimate_bytes, parse_quant, quantize
 from .vocab import TOKENIZER_FILES, GGUFVocab, add_vocab, read_vocab
 
 log = logging.getLogger(__name__)
@@ -75,7 +80,7 @@ _SLAB_BYTES = 8 << 20  # source bytes read, converted and written at a time (f32
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Files of a hub checkpoint repository that the conversion reads: the small ones first
 # (the config is checked before gigabytes of weights are fetched), then the weights.
-HUB_META_PATTERNS = ["config.json", "model.safetensors.index.json", *TOKENIZER_FILES]
+HUB_META_PATTERNS = ["config.json", "model.safetensors.index.json", GENERATION_CONFIG, *TOKENIZER_FILES]
 HUB_PATTERNS = [*HUB_META_PATTERNS, "model.safetensors", "model-*.safetensors"]
 
 Progress = Callable[[str, int, int], None]  # (step, done, total), bytes
@@ -100,6 +105,8 @@ class ConvertResult:
     seconds: float = 0.0
     step_seconds: dict[str, float] = field(default_factory=dict)
     needed_bytes: int = 0  # the disk-space estimate that was checked
+    model_kind: str = ""  # the member the bundle's config.json names
+    sampling: dict[str, float | int] = field(default_factory=dict)  # and its sampling defaults
 
 
 @dataclass(frozen=True)
@@ -147,16 +154,26 @@ class _Job:
     """Everything read and checked up front; ``run`` then only writes."""
 
     def __init__(
-        self, folder: Path, out: Path, quants: list[str], fused: bool, keep_f16: bool
-    ) -> None:
+        self, folder: Path, out: Path, quants: list[str], fused: bool, keep_f16: bool,
+        src: str = "", model_kind: str | None = None,
+    ) -> None:  # fmt: skip
         self.folder = folder
         self.out = out
         self.quants = quants
         self.fused = fused
         self.keep_f16 = keep_f16 or "F16" in quants
         self.cfg: MossConfig = read_config(folder)
+        self.member: MemberChoice = choose_member(
+            folder, src or str(folder), self.cfg.data, self.cfg.n_vq, model_kind
+        )
         self.ck = Checkpoint(folder)
         check_tensors(self.ck, self.cfg)
+        if self.cfg.lang.get("tie_word_embeddings"):
+            log.info(
+                "%s: language_config.tie_word_embeddings is true (the Qwen3 base's own setting); "
+                "the GGUF's output layer is MOSS's text head lm_heads.0 all the same",
+                self.cfg.path,
+            )  # fmt: skip
         self.vocab: GGUFVocab = read_vocab(
             folder, self.cfg.lang, self.cfg.shape.n_vocab, self.cfg.path
         )
@@ -172,9 +189,9 @@ class _Job:
     # inputs ----------------------------------------------------------------------------------
     def _fingerprint(self) -> str:
         files = [self.cfg.path, *self.ck.files(), *(self.folder / f for f in self.tok_files)]
-        index = self.folder / "model.safetensors.index.json"
-        if index.is_file():
-            files.append(index)
+        for extra in ("model.safetensors.index.json", GENERATION_CONFIG):
+            if (self.folder / extra).is_file():
+                files.append(self.folder / extra)
         entries = []
         for f in files:
             st = f.stat()
@@ -186,13 +203,13 @@ class _Job:
     def primary(self) -> str:
         return self.quants[0]
 
-    def _tensor_bytes(self) -> tuple[int, int, int]:
-        """(F16 GGUF tensor bytes with alignment, 2-D params, 1-D params)."""
+    def _tensor_bytes(self, outtype: str = "F16") -> tuple[int, int, int]:
+        """(``outtype`` GGUF tensor bytes with alignment, 2-D params, 1-D params)."""
         total = n2 = n1 = 0
         for name in self.order:
             n = int(np.prod(self.ck.shape(name)))
             f32 = _stays_f32(name, self.ck.shape(name))
-            total += -(-n * (4 if f32 else 2) // 32) * 32
+            total += -(-n * _OUT_BYTES["F32" if f32 else outtype] // 32) * 32
             if f32:
                 n1 += n
             else:
@@ -220,7 +237,9 @@ class _Job:
         f16 = data + self._vocab_bytes()
         outs.append(_Output(gguf_file_name("F16"), f16, keep=self.keep_f16))
         for q in self.quants:
-            if q != "F16":
+            if q in ("F32", "BF16"):
+                outs.append(_Output(gguf_file_name(q), self._tensor_bytes(q)[0] + self._vocab_bytes()))
+            elif q != "F16":
                 outs.append(
                     _Output(
                         gguf_file_name(q), estimate_bytes(q, n2, n1, s.n_embd) + self._vocab_bytes()
@@ -247,9 +266,7 @@ class _Job:
         need = [o for o in self.outputs if o.keep and self.finished(o.rel) is None]
         rels = {o.rel for o in need}
         f16 = gguf_file_name("F16")
-        needs_f16 = any(
-            r.startswith("MOSS_TTS_") and r != f16 and not r.endswith(".fused.gguf") for r in rels
-        )
+        needs_f16 = any(gguf_file_name(q) in rels for q in self.quants if q not in DIRECT)
         needs_f16 = needs_f16 or (_fused_name("F16") in rels)
         if needs_f16 and f16 not in rels and self.finished(f16) is None:
             need.append(next(o for o in self.outputs if o.rel == f16))
@@ -278,6 +295,10 @@ def _fused_name(quant: str) -> str:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+# bytes per weight of the types the converter writes itself
+_OUT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
 def _stays_f32(hf_name: str, shape: tuple[int, ...]) -> bool:
@@ -332,6 +353,25 @@ def _to_f16(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float32).astype(np.float16)
 
 
+def _to_f32(a: np.ndarray) -> np.ndarray:
+    """float32: exact for bf16 and f16 sources (the bf16 bits widened)."""
+    return a.astype(np.float32)
+
+
+def _to_bf16(a: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (as uint16: a buffer cannot hold ml_dtypes' type): a bf16 source's
+    unchanged; others through float32, rounded to nearest even as gguf-py's ``quants.BF16``."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    return (a if a.dtype == bf16 else a.astype(np.float32).astype(bf16)).view(np.uint16)
+
+
+_CASTS = {"F32": _to_f32, "F16": _to_f16, "BF16": _to_bf16}
+# general.file_type (enum llama_ftype) of the files the converter writes itself
+_FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32}
+
+
 class _Writer:
     def __init__(self, job: _Job, progress: Progress | None, n_threads: int) -> None:
         self.job = job
@@ -370,29 +410,26 @@ class _Writer:
                 with _atomic(self.job.staging / rel) as tmp:
                     shutil.copyfile(self.job.folder / f, tmp)
         if "config.json" in todo:
-            data = dict(self.job.cfg.data)
-            # every token id the engine reads, explicit (absent keys: the published defaults)
-            for key, value in msgspec.to_builtins(self.job.cfg.ids).items():
-                data.setdefault(key, value)
             with _atomic(self.job.staging / "config.json") as tmp:
-                tmp.write_text(
-                    json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-                )
+                tmp.write_text(_config_json(self.job), encoding="utf-8")
 
-    # the F16 GGUF --------------------------------------------------------------------------------
-    def f16_gguf(self, dest: Path) -> None:
+    # the F16 GGUF (or F32, BF16) ------------------------------------------------------------------
+    def direct_gguf(self, dest: Path, outtype: str = "F16") -> None:
+        """What llama.cpp's converter writes with ``--outtype f16`` (``f32``, ``bf16``): 1-D
+        tensors and norms F32, the matrices in ``outtype``."""
         import gguf
 
         from .qwen3_gguf import add_qwen3_hparams
 
         job, ck = self.job, self.job.ck
+        step = f"{outtype} GGUF"
         plan = []
         for name in job.order:
             shape = ck.shape(name)
-            f32 = _stays_f32(name, shape)
-            qtype = gguf.GGMLQuantizationType.F32 if f32 else gguf.GGMLQuantizationType.F16
-            nbytes = int(np.prod(shape)) * (4 if f32 else 2)
-            plan.append((name, gguf_name(name), shape, f32, qtype, nbytes))
+            kind = "F32" if _stays_f32(name, shape) else outtype
+            qtype = gguf.GGMLQuantizationType[kind]
+            nbytes = int(np.prod(shape)) * _OUT_BYTES[kind]
+            plan.append((name, gguf_name(name), shape, kind, qtype, nbytes))
         n_params = sum(int(np.prod(p[2])) for p in plan)
         total = sum(p[5] for p in plan)
         done = 0
@@ -403,28 +440,28 @@ class _Writer:
             w.add_name(GGUF_MODEL_NAME)
             w.add_size_label(gguf.size_label(n_params, n_params, 0, 0))
             add_qwen3_hparams(
-                w, job.cfg.shape, int(gguf.LlamaFileType.MOSTLY_F16),
-                head_dim_keys=job.cfg.has_head_dim,
-            )  # fmt: skip
+                w, job.cfg.shape, _FILE_TYPES[outtype], head_dim_keys=job.cfg.has_head_dim
+            )
             w.add_quantization_version(gguf.GGML_QUANT_VERSION)
             add_vocab(w, job.vocab)
-            for _, gg, shape, f32, qtype, nbytes in plan:
+            for _, gg, shape, kind, qtype, nbytes in plan:
                 w.add_tensor_info(
-                    gg, shape, np.dtype(np.float32 if f32 else np.float16), nbytes, raw_dtype=qtype
-                )
+                    gg, shape, np.dtype(np.float32 if kind == "F32" else np.float16), nbytes,
+                    raw_dtype=qtype,
+                )  # fmt: skip
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
             fout = w.fout[0]
             w.write_padding(fout, fout.tell())
-            for name, _gg, _, f32, _, nbytes in plan:
+            for name, _gg, _, kind, _, nbytes in plan:
                 written = 0
                 for slab in self._slabs(name):
-                    data = slab.astype(np.float32) if f32 else _to_f16(slab)
+                    data = _CASTS[kind](slab)
                     fout.write(np.ascontiguousarray(data).data)
                     written += data.nbytes
                     done += data.nbytes
-                    self._tick("F16 GGUF", done, total)
+                    self._tick(step, done, total)
                 if written != nbytes:
                     raise ModelFileError(
                         ck.file_of(name), f"{nbytes} bytes of {name!r}", f"read {written}"
@@ -485,6 +522,8 @@ def rich_progress() -> Iterator[Progress]:
 _CONFIG_HEAD = """\
 # streamtts config written by `streamtts convert-hf` ({quant} backbone) from
 # {source}
+# Model: {kind} ({title}); its sampling defaults are in config.json ("sampling"), used for
+# every sampling key this file does not set.
 # Paths are relative to this file's folder. The codec is not converted: put the
 # MOSS-Audio-Tokenizer-ONNX folder next to this one (`streamtts download` lays it out so),
 # or point the two audio_*_onnx keys at it. See configs/default.yaml for every key.
@@ -499,11 +538,30 @@ audio_decoder_onnx: ../MOSS-Audio-Tokenizer-ONNX/decoder.onnx
 """
 
 
+# an F32 backbone is asked for exact float32 arithmetic: an f16 KV cache would round it away
+_F32_KEYS = "kv_cache_type_k: f32\nkv_cache_type_v: f32\n"
+
+
 def _config_yaml(job: _Job, gpu: bool) -> str:
+    from ..core.family import MEMBERS
+
     head = _CONFIG_HEAD.format(
-        quant=job.primary, source=job.folder.resolve(), gguf=gguf_file_name(job.primary)
-    )
+        quant=job.primary, source=job.folder.resolve(), gguf=gguf_file_name(job.primary),
+        kind=job.member.kind, title=MEMBERS[job.member.kind].title,
+    )  # fmt: skip
+    if job.primary == "F32":
+        head += _F32_KEYS
     return config_yaml(head, gpu=gpu, fused_gguf=_fused_name(job.primary) if job.fused else None)
+
+
+def _config_json(job: _Job) -> str:
+    """The checkpoint's config.json with every token id the engine reads explicit (absent
+    keys: the published defaults) and the member's keys (model_kind, sampling)."""
+    data = dict(job.cfg.data)
+    for key, value in msgspec.to_builtins(job.cfg.ids).items():
+        data.setdefault(key, value)
+    data.update(job.member.config_keys())
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -518,6 +576,16 @@ def _parse_quants(quants: Sequence[str]) -> list[str]:
     return out
 
 
+def _check_kind(name: str) -> None:
+    from ..core.family import member
+    from ..errors import ConfigError, InputError
+
+    try:
+        member(name.strip().lower())
+    except InputError as exc:
+        raise ConfigError(f"--model-kind: {exc}") from None
+
+
 def convert_hf(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -530,11 +598,16 @@ def convert_hf(
     revision: str | None = None,
     fetcher: Any = None,
     progress: Progress | None = None,
+    model_kind: str | None = None,
 ) -> ConvertResult:
     """Convert a MOSS-TTS-Delay checkpoint (folder or hub id) into the bundle in ``out``.
 
-    quants: GGUF types to write, e.g. ``["Q4_K_M"]`` (default), ``["F16", "Q8_0"]``; the
-    first one is the config's backbone. fused: also write ``streamtts convert``'s fused-heads
+    quants: GGUF types to write, e.g. ``["Q4_K_M"]`` (default), ``["F16", "Q8_0"]``,
+    ``["F32"]`` (the bf16 weights widened exactly), ``["BF16"]``; the first one is the
+    config's backbone. model_kind: the family member (``core.family.MEMBERS``: moss-tts,
+    moss-tts-v1.5, moss-ttsd, moss-voice-generator, moss-sound-effect); None: read from the
+    source's name, else moss-tts with a warning. The bundle's config.json names it and
+    carries its sampling defaults (a generation_config.json in the checkpoint wins). fused: also write ``streamtts convert``'s fused-heads
     GGUF of the first one. keep_f16: keep the F16 GGUF the quantizer reads (else deleted).
     n_threads: llama.cpp quantizer threads (0: all cores). gpu: config defaults for a GPU
     machine (None: detect). progress: ``(step, done, total)`` callback.
@@ -543,15 +616,18 @@ def convert_hf(
     """
     t0 = time.perf_counter()
     qs = _parse_quants(quants)  # a bad --quant fails before anything is read or fetched
+    if model_kind is not None:  # and so does an unknown --model-kind
+        _check_kind(model_kind)
     out_dir = Path(out).expanduser()
     if out_dir.exists() and not out_dir.is_dir():
         raise ModelFileError(out_dir, "an output folder", "it is a file")
     folder = resolve_source(src, revision=revision, fetcher=fetcher)
-    job = _Job(folder, out_dir, qs, fused, keep_f16)
+    job = _Job(folder, out_dir, qs, fused, keep_f16, src=os.fspath(src), model_kind=model_kind)
     try:
         needed = job.check_space()
         result = ConvertResult(out_dir=out_dir, config_yaml=out_dir / "config.yaml", source=folder)
         result.needed_bytes = needed
+        result.model_kind, result.sampling = job.member.kind, dict(job.member.sampling)
         _run(job, result, progress, n_threads, gpu)
     finally:
         job.ck.close()
@@ -586,11 +662,13 @@ def _run(
 ) -> None:
     todo = {o.rel for o in job.todo()}
     yaml_text = _config_yaml(job, _gpu_default() if gpu is None else gpu)
-    current = job.finished("config.yaml")
-    if current is not None and current.read_text(encoding="utf-8") == yaml_text:
-        todo.discard("config.yaml")
-    else:
-        todo.add("config.yaml")  # options (--fused, the first --quant) changed it
+    # options (--fused, the first --quant, --model-kind) change these two: compared, not stamped
+    for rel, text in (("config.yaml", yaml_text), ("config.json", _config_json(job))):
+        current = job.finished(rel)
+        if current is not None and current.read_text(encoding="utf-8") == text:
+            todo.discard(rel)
+        else:
+            todo.add(rel)
     result.skipped = [o.rel for o in job.outputs if o.keep and o.rel not in todo]
     if not todo:
         log.info("%s already holds every output of this conversion", job.out)
@@ -603,12 +681,13 @@ def _run(
     with _timed(steps, "tokenizer+config"):
         w.small_files(todo)
     f16 = gguf_file_name("F16")
-    if f16 in todo:
-        with _timed(steps, "f16_gguf"):
-            w.f16_gguf(job.staging / f16)
+    for q in DIRECT:
+        if gguf_file_name(q) in todo:
+            with _timed(steps, f"{q.lower()}_gguf"):
+                w.direct_gguf(job.staging / gguf_file_name(q), q)
     for q in job.quants:
         out = next(o for o in job.outputs if o.rel == gguf_file_name(q))
-        if q != "F16" and out.rel in todo:
+        if q not in DIRECT and out.rel in todo:
             src = job.finished(f16)
             assert src is not None  # todo() adds the F16 GGUF whenever a quantization needs it
             with _timed(steps, f"quantize_{q}"):

@@ -19,9 +19,12 @@ from ..errors import ConfigError, NativeLibraryError
 
 log = logging.getLogger(__name__)
 
-# --quant names -> enum llama_ftype (include/llama.h). F16 is the converted file itself.
+# --quant names -> enum llama_ftype (include/llama.h). F32, F16 and BF16 are written by the
+# converter itself (DIRECT); the others by llama.cpp's quantizer from the F16 file.
 FTYPES: dict[str, int] = {
+    "F32": 0,
     "F16": 1,
+    "BF16": 32,
     "Q8_0": 7,
     "Q6_K": 18,
     "Q5_K_M": 17,
@@ -37,12 +40,13 @@ FTYPES: dict[str, int] = {
     "Q3_K_S": 11,
     "Q2_K": 10,
 }
+DIRECT = ("F32", "F16", "BF16")
 
 # Approximate bits per weight of the whole file (the official README's sizes for the 8B,
 # rounded up), for the disk-space check before anything is written.
 _BPW = {
-    "F16": 16.0, "Q8_0": 8.5, "Q6_K": 6.6, "Q5_K_M": 5.8, "Q5_K_S": 5.6, "Q5_1": 6.0,
-    "Q5_0": 5.5, "Q4_K_M": 5.0, "Q4_K_S": 4.7, "Q4_1": 5.0, "Q4_0": 4.5, "Q3_K_L": 4.3,
+    "F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.6, "Q5_K_M": 5.8,
+    "Q5_K_S": 5.6, "Q5_1": 6.0, "Q5_0": 5.5, "Q4_K_M": 5.0, "Q4_K_S": 4.7, "Q4_1": 5.0, "Q4_0": 4.5, "Q3_K_L": 4.3,
     "Q3_K_M": 4.0, "Q3_K_S": 3.6, "Q2_K": 3.4,
 }  # fmt: skip
 # llama.cpp keeps rows whose length is not a multiple of the K-quant block (256) in a
@@ -59,7 +63,7 @@ def parse_quant(name: str) -> str:
     if q not in FTYPES:
         raise ConfigError(
             f"unknown --quant {name!r}: choose from {', '.join(FTYPES)} "
-            "(published: Q4_K_M, Q5_K_M, Q6_K, Q8_0)"
+            "(published: Q4_K_M, Q5_K_M, Q6_K, Q8_0; F32 for exact float32 weights)"
         )
     return q
 
@@ -67,7 +71,7 @@ def parse_quant(name: str) -> str:
 def estimate_bytes(quant: str, n_params_2d: int, n_params_1d: int, row_len: int) -> int:
     """Upper-end estimate of a quantized GGUF's size (tensor data; 1-D tensors stay F32)."""
     bpw = _BPW[quant]
-    if quant != "F16" and quant.startswith("Q") and "_K" in quant and row_len % 256:
+    if quant.startswith("Q") and "_K" in quant and row_len % 256:
         bpw = _FALLBACK_BPW
     return int(n_params_2d * bpw / 8) + 4 * n_params_1d
 
@@ -85,8 +89,8 @@ def quantize(
     the call itself runs in a thread (ctypes releases the GIL)."""
     from ..model import _llama
 
-    if quant == "F16":
-        raise ConfigError("F16 is the converted file itself, not a quantization")
+    if quant in DIRECT:
+        raise ConfigError(f"{quant} is written by the converter itself, not a quantization")
     lib = _llama.load_llama()
     params = lib.llama_model_quantize_default_params()
     params.ftype = FTYPES[quant]

@@ -9,10 +9,14 @@ their audio sampling preset and the form of ``language``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
-from ..errors import InputError
+from ..config import SAMPLING_KEYS
+from ..errors import InputError, ModelFileError
+from .tokens import read_model_config
 
 ModelKind = Literal["moss-tts", "moss-tts-v1.5", "moss-ttsd", "moss-voice-generator", "moss-sound-effect"]
 LanguageForm = Literal["code", "name", "as-given"]
@@ -124,3 +128,63 @@ def language_for(form: LanguageForm, value: str | None) -> str | None:
     if code is None:
         return v
     return code if form == "code" else LANGUAGE_NAMES[code]
+
+
+# -- what a bundle's config.json says about its member ----------------------------------------------
+#
+# `streamtts convert-hf` writes two keys into the bundle's config.json besides the checkpoint's
+# own: "model_kind" (a MEMBERS name) and "sampling" (the member's defaults under the
+# EngineConfig / SamplingParams key names). The engine reads them back here.
+KIND_KEY = "model_kind"
+SAMPLING_KEY = "sampling"
+_INT_KEYS = frozenset({"text_top_k", "audio_top_k"})
+
+
+@dataclass(frozen=True, slots=True)
+class BundleMember:
+    """The member a bundle names (None: it names none) and its sampling defaults ({}: none)."""
+
+    kind: ModelKind | None = None
+    sampling: dict[str, float | int] = field(default_factory=dict)
+
+
+def sampling_value(key: str, value: object, where: str) -> float | int:
+    """One sampling default checked for type (ranges: ``SamplingParams.validate``); a bad one
+    is a ModelFileError naming ``where``."""
+    if key not in SAMPLING_KEYS:
+        raise ModelFileError(where, f"sampling keys from {', '.join(SAMPLING_KEYS)}", f"got {key!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelFileError(where, f"{key} as a number", f"got {value!r}")
+    if key in _INT_KEYS:
+        if value != int(value):
+            raise ModelFileError(where, f"{key} as an integer", f"got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def bundle_member(data: Mapping[str, Any], where: str) -> BundleMember:
+    """The ``model_kind`` and ``sampling`` keys of a bundle's config.json (``data``, read from
+    ``where``). A kind without a ``sampling`` object gets its member's table; a ``sampling``
+    object's absent keys too."""
+    kind = data.get(KIND_KEY)
+    raw = data.get(SAMPLING_KEY)
+    if kind is None and raw is None:
+        return BundleMember()
+    m: Member | None = None
+    if kind is not None:
+        if not isinstance(kind, str) or kind not in MEMBERS:
+            raise ModelFileError(where, f"{KIND_KEY} one of {', '.join(MEMBERS)}", f"got {kind!r}")
+        m = MEMBERS[kind]
+    sampling: dict[str, float | int] = dict(m.sampling_defaults()) if m is not None else {}
+    if raw is not None:
+        if not isinstance(raw, dict):
+            raise ModelFileError(where, f"{SAMPLING_KEY} as an object of sampling keys", f"got {raw!r}")
+        sampling.update({k: sampling_value(k, v, where) for k, v in raw.items()})
+    return BundleMember(m.kind if m is not None else None, sampling)
+
+
+def load_bundle_member(config_json: str | Path | None) -> BundleMember:
+    """:func:`bundle_member` of a model config.json (None: no file, no member)."""
+    if config_json is None:
+        return BundleMember()
+    return bundle_member(read_model_config(config_json), str(config_json))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -42,10 +43,8 @@ class TokenIds(msgspec.Struct, frozen=True, kw_only=True):
 KEYS = frozenset(TokenIds.__struct_encode_fields__)
 
 
-def load_token_ids(config_json: str | Path | None) -> TokenIds:
-    """Read token ids from a model ``config.json``; missing keys keep the defaults."""
-    if config_json is None:
-        return TokenIds()
+def read_model_config(config_json: str | Path) -> dict[str, Any]:
+    """A model ``config.json`` as a dict (ModelFileError naming the file when unreadable)."""
     path = Path(config_json)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -55,6 +54,15 @@ def load_token_ids(config_json: str | Path | None) -> TokenIds:
         raise ModelFileError(path, "a JSON object with token ids", str(exc)) from exc
     if not isinstance(data, dict):
         raise ModelFileError(path, "a JSON object with token ids", f"got {type(data).__name__}")
+    return data
+
+
+def load_token_ids(config_json: str | Path | None) -> TokenIds:
+    """Read token ids from a model ``config.json``; missing keys keep the defaults."""
+    if config_json is None:
+        return TokenIds()
+    path = Path(config_json)
+    data = read_model_config(path)
     known = {k: v for k, v in data.items() if k in KEYS}
     try:
         return msgspec.convert(known, TokenIds)

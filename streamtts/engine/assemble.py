@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from ..config import EngineConfig, find_model_config
+from ..config import EngineConfig, find_model_config, with_defaults
+from ..core.family import load_bundle_member
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, ModelFileError
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
+    config: EngineConfig  # the config it runs with: the model's defaults where the user set none
     ids: TokenIds
     backbone: Any
     decoder: DecodeWorker
@@ -165,6 +168,21 @@ def _layers_on_gpu(cfg: EngineConfig) -> bool:
         return False  # the backbone reports the missing library when it loads
 
 
+def _member_defaults(cfg: EngineConfig, mc: Path | None) -> tuple[EngineConfig, str | None]:
+    """The bundle's member (config.json ``model_kind``, None when it names none) and ``cfg``
+    with that member's sampling defaults for the keys the user's config did not set."""
+    member = load_bundle_member(mc)
+    if not member.sampling:
+        return cfg, member.kind
+    out = with_defaults(cfg, member.sampling, source=f"{mc} (sampling)")
+    taken = [k for k in member.sampling if not cfg.is_set(k)]
+    log.info(
+        "model %s: sampling defaults from %s for %s%s", member.kind or "?", mc,
+        ", ".join(taken) or "no key", " (the config sets the others)" if len(taken) < len(member.sampling) else "",
+    )  # fmt: skip
+    return out, member.kind
+
+
 def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
     from threadpoolctl import threadpool_limits
 
@@ -182,6 +200,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     _llama.use_backend(cfg.backend)  # before anything loads the bridge
     mc = find_model_config(cfg)
     ids = load_token_ids(mc)
+    cfg, kind = _member_defaults(cfg, mc)
     # explicit fused_gguf, else one found or written next to the backbone (fused_heads)
     from ..model.fused import read_fused_info
 
@@ -271,6 +290,8 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "n_ctx_per_stream": backbone.n_ctx_seq,
         "threads": threads,
         "model_config": str(mc) if mc else "defaults",
+        "model_kind": kind,
+        "sampling": msgspec.structs.asdict(cfg.sampling),
         "sampler": cfg.sampler,
         "kernels": core.kernels.describe(),
         "tick_threads": core.kernels.split.threads,
@@ -287,7 +308,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         placement.line() if placement is not None else "?", info["heads"], streams, backbone.n_ctx_seq, info["kv_cache_mib_per_stream"],
         info["kv_cache_mib_total"], threads, _codec_line(worker, cfg),
     )
-    return Runtime(ids=ids, backbone=backbone, decoder=worker, core=core, preparer=preparer, info=info)
+    return Runtime(config=cfg, ids=ids, backbone=backbone, decoder=worker, core=core, preparer=preparer, info=info)
 
 
 def build_codec(cfg: EngineConfig, ids: TokenIds) -> StreamingCodec | WindowedCodec:

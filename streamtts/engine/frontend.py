@@ -188,9 +188,11 @@ class Engine:
     def from_config(cls, config: str | Path | EngineConfig | None = None, **overrides: Any) -> Engine:
         if isinstance(config, EngineConfig):
             cfg = config
-            for k, v in overrides.items():
-                if v is not None:
-                    setattr(cfg, k, v)
+            given = {k: v for k, v in overrides.items() if v is not None}
+            for k, v in given.items():
+                setattr(cfg, k, v)
+            if cfg.explicit_keys is not None:  # overrides are the user's choice too
+                cfg.explicit_keys = cfg.explicit_keys | set(given)
             return cls(cfg.validate())
         if config is None:
             from ..demo.model import ensure_demo_model
@@ -254,6 +256,7 @@ class Engine:
         from .assemble import build_runtime
 
         rt = build_runtime(self.config, self.backbone_factory)
+        self.config = rt.config  # with the model's own defaults for the keys the user left unset
         self._backbone = rt.backbone
         self._decoder = rt.decoder
         self._core = rt.core

@@ -245,14 +245,14 @@ def test_interrupted_run_leaves_no_half_bundle_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "bundle"
-    real = cmod._Writer.f16_gguf
+    real = cmod._Writer.direct_gguf
 
-    def interrupted(self: Any, dest: Path) -> None:
+    def interrupted(self: Any, dest: Path, outtype: str = "F16") -> None:
         with open(dest.with_name(f".{dest.name}.{os.getpid()}.tmp"), "wb") as f:
             f.write(b"GGUF half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cmod._Writer, "f16_gguf", interrupted)
+    monkeypatch.setattr(cmod._Writer, "direct_gguf", interrupted)
     with pytest.raises(KeyboardInterrupt):
         convert_hf(FIXTURE, out, ["F16"], gpu=False)
     # only the hidden staging folder: no bundle file in DIR
@@ -260,7 +260,7 @@ def test_interrupted_run_leaves_no_half_bundle_and_resumes(
     staged = _files(out / STAGING_DIR)
     assert "embeddings/embed_tokens.npy" in staged  # finished before the interruption
 
-    monkeypatch.setattr(cmod._Writer, "f16_gguf", real)
+    monkeypatch.setattr(cmod._Writer, "direct_gguf", real)
     res = convert_hf(FIXTURE, out, ["F16"], gpu=False)
     assert "embeddings/embed_tokens.npy" in res.skipped  # resumed, not redone
     assert "MOSS_TTS_F16.gguf" in res.written
