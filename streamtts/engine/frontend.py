@@ -78,6 +78,8 @@ class AudioStream:
         self.rid = next(engine._rids)
         self.stats = StreamStats(t_submit=time.monotonic())
         self.segments: list[str] | None = None  # set when the text is spoken in segments
+        # once started, the (S, 1 + n_vq) prompt rows of its one generation (None: segments)
+        self.prompt: np.ndarray | None = None
         self._text = text
         self._reference = reference
         self._options = options
@@ -153,6 +155,7 @@ class AudioStream:
             )  # fmt: skip
             return
         self._sink = sink
+        self.prompt = req.prompt
         if wants_timestamps(self._options):
             self._timer = ChunkTimer(self._text, self._options)
         core.submit(req)

@@ -29,7 +29,14 @@ from ..core.prompt import PromptBuilder, PromptSpec, TextTokenizer
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.tables import Embedder
-from ..request import PreparedRequest, ReferenceLike, SpeakersLike, StreamOptions, StreamStats, Voice
+from ..request import (
+    PreparedRequest,
+    ReferenceLike,
+    SpeakersLike,
+    StreamOptions,
+    StreamStats,
+    Voice,
+)
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
 from .dialogue import SegmentSpeakers, check_tags, speaker_tuple
@@ -264,5 +271,6 @@ class Preparer:
             prefix_rows=n_prefix,
             prefix_key=prefix_key(prompt, n_prefix) if n_prefix else b"",
             audio_prefix_rows=built.audio_prefix_rows,
+            keep_rows=options.rows,
             stats=stats,
         )

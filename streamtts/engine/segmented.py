@@ -59,7 +59,15 @@ import numpy as np
 import numpy.typing as npt
 
 from ..constants import FRAME_S, SAMPLE_RATE
-from ..request import AudioChunk, ReferenceLike, SpeakersLike, StreamOptions, StreamStats, Voice, WordTime
+from ..request import (
+    AudioChunk,
+    ReferenceLike,
+    SpeakersLike,
+    StreamOptions,
+    StreamStats,
+    Voice,
+    WordTime,
+)
 from .dialogue import SegmentSpeakers, TagCarry
 
 log = logging.getLogger(__name__)
