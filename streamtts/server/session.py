@@ -897,7 +897,7 @@ class Session:
         self._out.append(Close(code, reason, immediate))
 
 
-class _FieldError(Exception):
+class _FieldError(InputError):
     """A `start` voice field that names no usable voice: the error message to send."""
 
     def __init__(self, code: str, message: str) -> None:
