@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +37,6 @@ LONG_DIALOGUE = " ".join(
 
 def codes(t: int, n_vq: int = 32, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 1024, (t, n_vq))
-
-
-@pytest.fixture(scope="module")
-def engine(demo_model_dir: Path) -> Iterator[tuple[Engine, asyncio.AbstractEventLoop]]:
-    eng = Engine.from_config(demo_model_dir / "config.yaml", max_streams=2, n_threads=2, n_ctx=512)
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(eng.start())
-    yield eng, loop
-    loop.run_until_complete(eng.aclose())
-    loop.close()
 
 
 @pytest.fixture
