@@ -1,13 +1,14 @@
-"""Dialogue requests: speaker tags in the text, one voice per speaker (MOSS-TTSD).
+"""Dialogue requests: one voice per speaker tag (MOSS-TTSD), given by name.
 
-The text carries ``[S1]``..``[Sn]`` tags; ``speakers`` maps each tag to its voice. The
-prompt's references are numbered by position (``[S1]`` is the first, a missing number is a
-``None`` entry that keeps its place), so a mapping becomes a tuple here.
+The text carries ``[S1]``..``[S5]`` tags (core/speakers.py checks tags against voices);
+``speakers`` maps each tag's name to its voice. The prompt's references are numbered by
+position (``[S1]`` is the first, a missing number is a ``None`` entry that keeps its place),
+so a mapping becomes a tuple here.
 
 A dialogue longer than one generation is spoken in segments (long_text.py, the server's
 segmenter). It stays one conversation because every segment's prompt carries every
-speaker's reference (not only the speakers it tags), and a segment that does not begin with
-a tag gets the tag of the turn it continues (:class:`TagCarry`): each generation knows who
+speaker's reference (not only the speakers it tags), and the segmenter starts a segment cut
+inside a turn with that turn's tag again (text/segmenter.py): each generation knows who
 speaks its first words and what every voice of the conversation sounds like.
 """
 
@@ -17,13 +18,12 @@ import re
 from collections.abc import Mapping
 from typing import TypeVar
 
+from ..constants import MAX_SPEAKERS
 from ..errors import InputError
 
-__all__ = ["SegmentSpeakers", "TagCarry", "check_tags", "speaker_number", "speaker_tuple", "tags_in"]
+__all__ = ["SegmentSpeakers", "speaker_number", "speaker_tuple"]
 
-_TAG = re.compile(r"\[S(\d+)\]")
 _KEY = re.compile(r"^\[?[Ss](\d+)\]?$")
-MAX_SPEAKERS = 16  # the model cards use [S1]..[S5]; more is surely a mistake
 
 T = TypeVar("T")
 
@@ -34,7 +34,7 @@ def speaker_number(key: str) -> int:
     n = int(m.group(1)) if m else 0
     if not 1 <= n <= MAX_SPEAKERS:
         raise InputError(
-            f"speakers: {key!r} is not a speaker tag; use S1, S2, ... (the text's [S1], [S2], ...)"
+            f"speakers: {key!r} is not a speaker tag; use S1 .. S{MAX_SPEAKERS} (the text's [S1], [S2], ...)"
         )
     return n
 
@@ -50,46 +50,6 @@ def speaker_tuple(speakers: Mapping[str, T]) -> tuple[T | None, ...]:
     if not by_number:
         return ()
     return tuple(by_number.get(i) for i in range(1, max(by_number) + 1))
-
-
-def tags_in(text: str | None) -> set[int]:
-    """The speaker numbers the text tags (``[S2]`` -> 2)."""
-    return {int(m) for m in _TAG.findall(text or "")}
-
-
-def check_tags(text: str | None, numbers: set[int], *, every_voice: bool = True) -> None:
-    """Each tag in the text has a voice and (``every_voice``) each voice a tag; the error
-    names them."""
-    tags = tags_in(text)
-    missing = sorted(tags - numbers)
-    if missing:
-        raise InputError(
-            f"the text tags {', '.join(f'[S{n}]' for n in missing)} but speakers has no "
-            f"{', '.join(f'S{n}' for n in missing)}: give a voice for every tagged speaker"
-        )
-    unused = sorted(numbers - tags)
-    if unused and every_voice:
-        raise InputError(
-            f"speakers {', '.join(f'S{n}' for n in unused)} never speak: the text has no "
-            f"{', '.join(f'[S{n}]' for n in unused)} tag (start each turn with its speaker's tag)"
-        )
-
-
-class TagCarry:
-    """Segments of one dialogue in order: a segment that does not begin with a speaker tag
-    gets the tag of the turn it continues (the last tag of the segments before it)."""
-
-    def __init__(self) -> None:
-        self.last: int | None = None
-
-    def apply(self, segment: str) -> str:
-        found = _TAG.findall(segment)
-        out = segment
-        if self.last is not None and not _TAG.match(segment.lstrip()):
-            out = f"[S{self.last}] {segment.lstrip()}"
-        if found:
-            self.last = int(found[-1])
-        return out
 
 
 class SegmentSpeakers(dict[str, T]):

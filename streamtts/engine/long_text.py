@@ -5,8 +5,8 @@ segmenter) and the segments are spoken back to back in one voice
 (:mod:`streamtts.engine.segmented`), pipelined so the next segment generates while the
 current one plays. To the caller it is one stream of :class:`AudioChunk` with
 continuous frame numbers. A dialogue stays one conversation: every segment carries every
-speaker's voice, and a segment that starts mid-turn gets that turn's speaker tag
-(dialogue.py); a continuation's prefix is continued by the first segment only.
+speaker's voice, and a segment cut inside a turn starts with that turn's tag (the
+segmenter); a continuation's prefix is continued by the first segment only.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from ..config import EngineConfig
 from ..constants import FRAME_S, MAX_TEXT_CHARS
 from ..core.family import DEFAULT_KIND, MEMBERS, Member, language_for
 from ..core.prompt import PromptBuilder, PromptSpec, TextTokenizer
+from ..core.speakers import check_speakers
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.tables import Embedder
@@ -39,7 +40,7 @@ from ..request import (
 )
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
-from .dialogue import SegmentSpeakers, check_tags, speaker_tuple
+from .dialogue import SegmentSpeakers, speaker_tuple
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
@@ -125,10 +126,11 @@ class Preparer:
 
     def _speakers(self, speakers: SpeakersLike, text: str | None) -> dict[str, Voice]:
         """The dialogue's voices (``S1`` -> Voice), checked against the text's tags: every
-        tag has a voice; every voice a tag, unless this is one segment of a longer dialogue."""
+        tag has a voice (the prompt builder checks it, for every prompt); every voice a tag,
+        unless this is one segment of a longer dialogue."""
         ordered = speaker_tuple(speakers)
-        numbers = {i + 1 for i, v in enumerate(ordered) if v is not None}
-        check_tags(text, numbers, every_voice=not isinstance(speakers, SegmentSpeakers))
+        if not isinstance(speakers, SegmentSpeakers):
+            check_speakers(text, ordered)
         out: dict[str, Voice] = {}
         for i, v in enumerate(ordered):
             voice = self.voice_for(v, f"speakers.S{i + 1}")

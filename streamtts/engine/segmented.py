@@ -19,9 +19,9 @@ longer than one generation fits in the context:
   then (0.74 s generated ahead plus a 0.1 s pre-roll). With 25 frames the
   same case would need 1.26 s: a gap.
 * **Dialogue.** With ``speakers`` (``S1`` -> Voice) every segment's prompt carries
-  every speaker's voice, and a segment that does not begin with a speaker tag gets the tag
-  of the turn it continues (dialogue.TagCarry): each generation knows who speaks its first
-  words and every voice of the conversation. The voice is fixed from the start.
+  every speaker's voice (and the segmenter starts a segment cut inside a turn with that
+  turn's tag): each generation knows who speaks its first words and every voice of the
+  conversation. The voices are fixed from the start.
 * **Continuation.** ``prefix`` (and its transcript ``prefix_text``) go to the first
   segment only: it continues that audio; later segments continue the conversation in the
   same voices, not the waveform.
@@ -68,7 +68,7 @@ from ..request import (
     Voice,
     WordTime,
 )
-from .dialogue import SegmentSpeakers, TagCarry
+from .dialogue import SegmentSpeakers
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,6 @@ class SegmentedSpeech:
         self.speakers = SegmentSpeakers(speakers) if speakers else None
         self.prefix = prefix
         self.prefix_text = prefix_text
-        self._tags = TagCarry()
         self.lookahead = max(0, lookahead)
         self.continuity_frames = max(1, continuity_frames)
         self.fade_samples = int(round(fade_ms * SAMPLE_RATE / 1000.0))
@@ -237,7 +236,7 @@ class SegmentedSpeech:
             raise RuntimeError("add() after end()")
         i = self._n_added
         self._n_added += 1
-        self._pending.append((i, self._tags.apply(text)))
+        self._pending.append((i, text))
         if self.t_first_text is None:
             self.t_first_text = time.monotonic()
         self._wake.set()

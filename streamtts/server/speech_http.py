@@ -40,7 +40,8 @@ from starlette.types import Send
 from ..config import SamplingParams
 from ..constants import FRAME_RATE, SAMPLE_RATE
 from ..core.family import language_for
-from ..engine.dialogue import check_tags
+from ..core.speakers import check_speakers
+from ..engine.dialogue import speaker_tuple
 from ..engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -370,7 +371,7 @@ async def _voice_fields(
     speakers, prefix = await resolve_voices(state, req.speakers, req.prefix)
     if speakers:
         try:
-            check_tags(f"{req.prefix_text or ''} {req.input}", {int(k[1:]) for k in speakers})
+            check_speakers(f"{req.prefix_text or ''} {req.input}", speaker_tuple(speakers))
         except InputError as exc:
             raise SpeechRequestError(ErrorCode.INVALID_OPTION, "speakers", str(exc)) from None
     return speakers, prefix

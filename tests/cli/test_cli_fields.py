@@ -96,4 +96,4 @@ def test_bad_voice_arguments_before_loading(codes_npy: Path, tmp_path: Path, arg
 def test_a_tag_without_a_voice_is_one_line(demo_model_dir: Path, codes_npy: Path, tmp_path: Path) -> None:
     res = synth("--text", "[S1] Hi. [S2] Yo.", "--speaker", f"S1={codes_npy}", "--out", str(tmp_path / "x.wav"),
                 config=demo_model_dir / "config.yaml")  # fmt: skip
-    one_line(res, r"tags [S2] but speakers has no S2")
+    one_line(res, "the text has the speaker tag [S2] but no voice is given for it")
