@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamtts.config import load_config
+from streamtts.config import find_model_config, load_config
 from streamtts.core.prompt import HFTokenizer
+from streamtts.core.tokens import load_token_ids
 
 NO_ENGINE = {"STREAMTTS_BRIDGE_LIB": "/nonexistent/libstreamtts_bridge.so"}
 
@@ -97,3 +98,19 @@ def test_a_tag_without_a_voice_is_one_line(demo_model_dir: Path, codes_npy: Path
     res = synth("--text", "[S1] Hi. [S2] Yo.", "--speaker", f"S1={codes_npy}", "--out", str(tmp_path / "x.wav"),
                 config=demo_model_dir / "config.yaml")  # fmt: skip
     one_line(res, "the text has the speaker tag [S2] but no voice is given for it")
+
+
+def test_synth_continues_a_prefix_of_codes(demo_model_dir: Path, codes_npy: Path, tmp_path: Path) -> None:
+    p = tmp_path / "p.npy"
+    res = synth("--text", "then the rest.", "--reference", str(codes_npy), "--prefix", str(codes_npy),
+                "--prefix-text", "Prefix words", "--tokens", "20", "--out", str(tmp_path / "c.wav"),
+                "--prompt-out", str(p), config=demo_model_dir / "config.yaml")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    prompt = np.load(p)
+    tokenizer_dir = load_config(demo_model_dir / "config.yaml").tokenizer_dir
+    text = HFTokenizer(tokenizer_dir).decode([int(t) for t in prompt[:, 0]])
+    assert "- Text:\nPrefix words then the rest." in text and "- Tokens:\n20" in text
+    # continuation: the prompt ends inside the assistant's audio block, on its 6 gen-slot rows
+    ids = load_token_ids(find_model_config(load_config(demo_model_dir / "config.yaml")))
+    assert np.all(prompt[-6:, 0] == ids.gen_slot)
+    assert np.array_equal(prompt[-6:, 1], np.load(codes_npy)[:, 0])  # codebook 0 is not delayed
