@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ import msgspec
 import numpy as np
 
 from .config import SamplingParams
-from .constants import FRAME_RATE, FRAME_S
+from .constants import AUDIO_VOCAB, FRAME_RATE, FRAME_S
+from .errors import InputError
 
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -20,6 +22,9 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     instruction: str | None = None
     tokens: int | None = None  # desired duration in audio frames (the prompt's "Tokens" field)
     quality: str | None = None
+    # SoundEffect's fields: with ambient_sound the text may be empty (the prompt says None)
+    ambient_sound: str | None = None
+    sound_event: str | None = None
     seed: int | None = None
     sampling: SamplingParams | None = None
     max_new_tokens: int | None = None
@@ -49,9 +54,33 @@ class Voice:
     def seconds(self) -> float:
         return float(self.codes.shape[0]) * FRAME_S
 
+    @property
+    def n_vq(self) -> int:
+        return int(self.codes.shape[1])
+
+    @classmethod
+    def from_codes(cls, codes: Any, name: str = "") -> Voice:
+        """A voice from pre-encoded codes: (T, n_vq) integers in [0, 1024), T >= 1 (the
+        codec encoder's output, e.g. a ``.npy`` written by ``--codes-out``). A voice with more
+        levels than a model uses is cut to the model's first n_vq when used; fewer is an
+        error then."""
+        c = np.asarray(codes)
+        what = f"voice {name!r} codes" if name else "voice codes"
+        if c.ndim != 2 or c.shape[0] < 1 or c.shape[1] < 1:
+            raise InputError(f"{what} must be a (T, n_vq) array with T >= 1, got shape {c.shape}")
+        if not np.issubdtype(c.dtype, np.integer):
+            raise InputError(f"{what} must be integers, got {c.dtype}")
+        if int(c.min()) < 0 or int(c.max()) >= AUDIO_VOCAB:
+            raise InputError(
+                f"{what} must be in [0, {AUDIO_VOCAB - 1}], got [{int(c.min())}, {int(c.max())}]"
+            )
+        return cls(codes=np.ascontiguousarray(c, dtype=np.int64), name=name)
+
 
 # What a request may name as its voice: an encoded Voice, or a clip to encode (path, bytes, samples).
 ReferenceLike = Voice | str | Path | bytes | np.ndarray | None
+# A dialogue's voices: speaker tag ("S1" for the text's [S1], ...) -> its voice.
+SpeakersLike = Mapping[str, ReferenceLike]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
     from streamtts.sync import SyncEngine
     with SyncEngine() as tts:                     # demo model; or SyncEngine("configs/x.yaml")
-        for chunk in tts.stream("Hello there."):  # chunks as they are generated
+        for chunk in tts.stream("Hello there."):  # chunks as they are generated (kwargs: Engine.stream)
             ...
         wav = tts.synthesize("Hello again.")
 """
@@ -20,7 +20,7 @@ import numpy as np
 from .closing import Closing
 from .config import EngineConfig
 from .engine.frontend import Engine, Synthesis
-from .request import AudioChunk
+from .request import AudioChunk, Voice
 
 
 class SyncEngine(Closing):
@@ -52,6 +52,12 @@ class SyncEngine(Closing):
 
     def synthesize(self, text: str, **kwargs: Any) -> np.ndarray:
         return self.generate(text, **kwargs).pcm
+
+    def encode_voice(self, reference: Any, sample_rate: int | None = None, name: str = "") -> Voice:
+        """Encode a clip once (see :meth:`Engine.encode_voice`); ``stream(..., reference=v)``,
+        ``speakers={"S1": v, ...}`` or ``prefix=v`` take it."""
+        voice: Voice = self._call(self.engine.encode_voice(reference, sample_rate, name))
+        return voice
 
     def close(self) -> None:
         if self._loop.is_running():

@@ -109,6 +109,56 @@ def check_reference(path: str | None, flag: str = "--reference") -> None:
         raise UsageError(f"{flag}: {exc}") from exc
 
 
+def check_voice(path: str | None, flag: str) -> None:
+    """A voice file: a clip (as :func:`check_reference`) or a ``.npy`` of (T, n_vq) codes."""
+    if path is None:
+        return
+    if not path.lower().endswith(".npy"):
+        check_reference(path, flag)
+        return
+    read_codes(path, flag)
+
+
+def read_codes(path: str, flag: str) -> Any:
+    """A ``.npy`` of pre-encoded codes as a Voice (named after the file)."""
+    import numpy as np
+
+    from ..errors import InputError
+    from ..request import Voice
+
+    check_input_file(path, flag)
+    try:
+        codes = np.load(Path(path).expanduser(), allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{flag} {path}: not a .npy array of codes ({exc})") from exc
+    try:
+        return Voice.from_codes(codes, name=Path(path).stem)
+    except InputError as exc:
+        raise UsageError(f"{flag} {path}: {exc}") from exc
+
+
+async def load_voice(engine: Any, path: str, flag: str) -> Any:
+    """The Voice of a voice file: a ``.npy`` of codes as they are, a clip encoded."""
+    if path.lower().endswith(".npy"):
+        return read_codes(path, flag)
+    return await engine.encode_voice(path, name=Path(path).stem)
+
+
+def speaker_arg(text: str) -> tuple[str, str]:
+    """``S1=alice.wav`` -> ("S1", "alice.wav") (argparse type of ``--speaker``)."""
+    key, sep, path = text.partition("=")
+    if not sep or not key.strip() or not path:
+        raise argparse.ArgumentTypeError(f"expected TAG=FILE (e.g. S1=alice.wav), got {text!r}")
+    from ..engine.dialogue import speaker_number
+    from ..errors import InputError
+
+    try:
+        n = speaker_number(key)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"S{n}", path
+
+
 def check_config(args: argparse.Namespace) -> None:
     """The config loads (a YAML error or an unusable value says so now), and the model files
     it names exist (a config copied without its weights is the common case)."""

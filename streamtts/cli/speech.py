@@ -19,15 +19,17 @@ from .common import (
     check_config,
     check_output_device,
     check_output_file,
-    check_reference,
     check_sampling,
     check_text,
     check_text_length,
+    check_voice,
     demo_notice,
     env_device,
+    load_voice,
     no_device_fallback,
     positive_int,
     save_instead,
+    speaker_arg,
 )
 
 log = logging.getLogger("streamtts")
@@ -45,9 +47,24 @@ SAMPLING_FLAGS = (
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--reference", help="reference voice clip (wav/flac/ogg, 0.5-30 s) to clone")
-    p.add_argument("--language", help="language tag for the prompt, e.g. en, zh")
-    p.add_argument("--instruction", help="style instruction for the prompt")
+    p.add_argument(
+        "--reference", metavar="FILE",
+        help="reference voice to clone: a clip (wav/flac/ogg, 0.5-30 s) or a .npy of (T, n_vq) codes",
+    )  # fmt: skip
+    p.add_argument(
+        "--speaker", action="append", type=speaker_arg, metavar="S1=FILE", default=[],
+        help="a dialogue's voice for the text's [S1] (repeat: --speaker S2=bob.wav ...); a clip or a .npy of codes",
+    )  # fmt: skip
+    p.add_argument("--prefix", metavar="FILE", help="audio to continue (a clip or a .npy of codes)")
+    p.add_argument("--prefix-text", help="the --prefix audio's transcript (spoken before --text, as the official app does)")
+    p.add_argument(
+        "--language",
+        help="language for the prompt: an ISO code or a name (en, English, zh, ...); sent in the model's own form",
+    )  # fmt: skip
+    p.add_argument("--instruction", help="instruction for the prompt (VoiceGenerator: the voice described)")
+    p.add_argument("--quality", help="the prompt's quality field")
+    p.add_argument("--ambient-sound", help="ambient sound to generate (SoundEffect); the text may then be empty")
+    p.add_argument("--sound-event", help="the prompt's sound event field (SoundEffect)")
     p.add_argument("--tokens", type=positive_int, help="desired duration in audio frames (12.5 per second)")
     p.add_argument("--seed", type=int, help="sampling seed (reproducible per request); default: random")
     p.add_argument("--max-new-tokens", type=positive_int, help="generation steps at most; default: the config's")
@@ -79,6 +96,9 @@ def _options(args: argparse.Namespace, engine: Any) -> Any:
     return StreamOptions(
         language=args.language,
         instruction=args.instruction,
+        quality=args.quality,
+        ambient_sound=args.ambient_sound,
+        sound_event=args.sound_event,
         tokens=args.tokens,
         seed=args.seed,
         sampling=sampling,
@@ -91,9 +111,39 @@ def _check_request(args: argparse.Namespace) -> None:
     check_config(args)
     given = {f: (n, getattr(args, n)) for f, _, n, _ in SAMPLING_FLAGS if getattr(args, n) is not None}
     check_sampling(given)
-    check_reference(args.reference)
+    check_voice(args.reference, "--reference")
+    if args.reference and args.speaker:
+        raise UsageError("--reference and --speaker: give one voice, or one per speaker, not both")
+    seen: set[str] = set()
+    for key, path in args.speaker:
+        if key in seen:
+            raise UsageError(f"--speaker {key} is given twice")
+        seen.add(key)
+        check_voice(path, f"--speaker {key}")
+    check_voice(args.prefix, "--prefix")
+    if args.prefix_text is not None and not args.prefix:
+        raise UsageError("--prefix-text is the transcript of --prefix: give --prefix FILE too")
     if args.tokens is not None and args.max_new_tokens is not None and args.tokens > args.max_new_tokens:
         raise UsageError(f"--tokens {args.tokens} is more than --max-new-tokens {args.max_new_tokens}")
+
+
+async def _voices(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
+    """Engine.stream's voice arguments from --reference, --speaker, --prefix(-text)."""
+    kw: dict[str, Any] = {}
+    if args.reference:
+        kw["reference"] = await load_voice(engine, args.reference, "--reference")
+    if args.speaker:
+        kw["speakers"] = {k: await load_voice(engine, p, f"--speaker {k}") for k, p in args.speaker}
+    if args.prefix:
+        kw.update(prefix=await load_voice(engine, args.prefix, "--prefix"), prefix_text=args.prefix_text)
+    return kw
+
+
+def _check_text(text: str, flag: str, args: argparse.Namespace) -> None:
+    """The text, which may be empty with --ambient-sound (a sound, no speech)."""
+    if not (args.ambient_sound is not None and not text.strip()):
+        check_text(text, flag)
+    check_text_length(text, flag)
 
 
 # Steps slower than this many times the fastest one: something else is using the CPU.
@@ -133,10 +183,11 @@ def _print_profile(engine: Any, stats: Any) -> None:
 
 # -- synth ---------------------------------------------------------------------------------------
 def _check_synth(args: argparse.Namespace) -> None:
-    check_text(args.text, "--text")
-    check_text_length(args.text, "--text")
+    _check_text(args.text, "--text", args)
     check_output_file(args.out, "--out")
     check_output_file(args.codes_out, "--codes-out", audio=False)
+    check_output_file(args.prompt_out, "--prompt-out", audio=False)
+    check_output_file(args.rows_out, "--rows-out", audio=False)
     check_output_file(args.timestamps, "--timestamps", audio=False)
     _check_request(args)
 
@@ -155,11 +206,13 @@ async def _synth(args: argparse.Namespace) -> int:
         opts = _options(args, engine)
         if args.timestamps:
             opts = msgspec.structs.replace(opts, timestamps="words")
-        ref = await engine.encode_voice(args.reference) if args.reference else None
-        s = engine.stream(args.text, reference=ref, options=opts)
+        if args.rows_out:
+            opts = msgspec.structs.replace(opts, rows=True)
+        s = engine.stream(args.text, **await _voices(args, engine), options=opts)
         words: list[Any] = []
         pcm: list[np.ndarray] = []
         codes: list[np.ndarray] = []
+        rows: list[np.ndarray] = []
         progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
             transient=True, console=Console(stderr=True), disable=args.quiet,
@@ -171,6 +224,8 @@ async def _synth(args: argparse.Namespace) -> int:
                     pcm.append(chunk.pcm)
                     codes.append(chunk.codes)
                     words.extend(chunk.words or [])
+                    if chunk.rows is not None:
+                        rows.append(chunk.rows)
                     prog.update(task, description=f"generating: {sum(len(c) for c in codes)} frames")
         wav = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
         frames = np.concatenate(codes) if codes else np.zeros((0, engine.ids.n_vq), np.int64)
@@ -182,6 +237,7 @@ async def _synth(args: argparse.Namespace) -> int:
             np.save(args.codes_out, frames.astype(np.int64))
         if args.timestamps:
             _write_timestamps(args.timestamps, words)
+        _write_rows(args, s, rows, engine.ids.n_vq)
         st = s.stats
         print(
             f"wrote {args.out}: {frames.shape[0]} frames, {wav.size / SAMPLE_RATE:.2f} s "
@@ -190,6 +246,23 @@ async def _synth(args: argparse.Namespace) -> int:
         if args.profile:
             _print_profile(engine, st)
     return 0
+
+
+def _write_rows(args: argparse.Namespace, s: Any, rows: list[Any], n_vq: int) -> None:
+    """--prompt-out: the prompt rows the engine built; --rows-out: the rows generated after
+    them, as fed back to the backbone (both (n, 1 + n_vq) int64, the official layout)."""
+    import numpy as np
+
+    if (args.prompt_out or args.rows_out) and s.prompt is None:
+        raise UsageError(
+            f"the text was spoken in {len(s.segments or [])} generations: --prompt-out and "
+            "--rows-out write one generation's rows (shorten --text)"
+        )
+    if args.prompt_out:
+        np.save(args.prompt_out, np.asarray(s.prompt, dtype=np.int64))
+    if args.rows_out:
+        out = np.concatenate(rows) if rows else np.zeros((0, 1 + n_vq), np.int64)
+        np.save(args.rows_out, out.astype(np.int64))
 
 
 def _write_timestamps(path: str, words: list[Any]) -> None:
@@ -203,8 +276,7 @@ def _check_speak(args: argparse.Namespace) -> None:
     if args.list_devices:
         return
     if args.text != "-":
-        check_text(args.text, "TEXT")
-        check_text_length(args.text, "TEXT")
+        _check_text(args.text, "TEXT", args)
     check_output_file(args.save, "--save")
     _check_request(args)
     args.no_device = None
@@ -224,13 +296,11 @@ async def _speak(args: argparse.Namespace) -> int:
         return 0
     text = sys.stdin.read() if args.text == "-" else args.text
     if args.text == "-":  # read now, still before the model loads
-        check_text(text, "stdin")
-        check_text_length(text, "stdin")
+        _check_text(text, "stdin", args)
     engine = _engine(args)
     async with engine:
         opts = _options(args, engine)
-        ref = await engine.encode_voice(args.reference) if args.reference else None
-        s = engine.stream(text, reference=ref, options=opts)
+        s = engine.stream(text, **await _voices(args, engine), options=opts)
 
         async def pcm_chunks() -> Any:
             async with s:
@@ -263,6 +333,14 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--text", required=True, help="the text to speak")
     s.add_argument("--out", default="out.wav", help="audio file to write (.wav, .flac, .ogg, ...)")
     s.add_argument("--codes-out", help="also write the de-delayed (T, n_vq) int64 codes as .npy")
+    s.add_argument(
+        "--prompt-out", metavar="P.npy",
+        help="also write the prompt rows the engine built, (S, 1 + n_vq) int64 (the official input_ids layout)",
+    )  # fmt: skip
+    s.add_argument(
+        "--rows-out", metavar="R.npy",
+        help="also write the generated rows as fed back to the backbone, (T, 1 + n_vq) int64",
+    )  # fmt: skip
     s.add_argument("--no-loudness", action="store_true", help="skip the whole-file loudness normalisation")
     s.add_argument(
         "--timestamps", metavar="FILE.json",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,9 +13,9 @@ import msgspec
 import numpy as np
 
 from ..config import EngineConfig, find_model_config, with_defaults
-from ..core.family import load_bundle_member
+from ..core.family import DEFAULT_KIND, Member, load_bundle_member, member
 from ..core.tokens import TokenIds, load_token_ids
-from ..errors import ConfigError, ModelFileError
+from ..errors import ConfigError, InputError, ModelFileError
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
 from .fuse_progress import FuseProgress
 from .loop import EngineCore
@@ -94,6 +95,23 @@ def _model_name(cfg: EngineConfig, gguf: str) -> dict[str, Any]:
         return {"model": Path(gguf).name, "demo": False}
     preset = marker.get("preset", {}).get("name", "?")
     return {"model": f"streamtts demo model ({preset}, random weights)", "demo": True}
+
+
+def model_member(config_json: Path | None) -> Member:
+    """The family member the model's config.json names (``model_kind``, written by
+    ``convert-hf``); moss-tts when it names none (older bundles, the demo model)."""
+    kind = DEFAULT_KIND
+    if config_json is not None:
+        try:
+            data = json.loads(Path(config_json).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = None  # load_token_ids reads the same file and says what is wrong with it
+        if isinstance(data, dict) and isinstance(data.get("model_kind"), str):
+            kind = data["model_kind"]
+    try:
+        return member(kind)
+    except InputError as exc:  # here the model's file is at fault, not a request
+        raise ModelFileError(Path(str(config_json)), "a known model_kind", str(exc)) from exc
 
 
 def _auto_threads() -> int:
@@ -270,7 +288,8 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
             heads.close()  # its helper threads
         backbone.close()
         raise
-    preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg, ids.n_vq), backbone.n_ctx_seq)
+    fam = model_member(mc)
+    preparer = Preparer(cfg, ids, tokenizer, embedder, lambda: load_encoder(cfg, ids.n_vq), backbone.n_ctx_seq, fam)
     if cfg.warmup:
         worker.warm_up()
     worker.start()
@@ -280,17 +299,17 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
     info = {
         **_model_name(cfg, gguf),
         "backbone": gguf,
+        "model_kind": fam.kind,
+        "n_vq": ids.n_vq,
         **(placement.info() if placement is not None else {}),
         "kv_cache_mib_per_stream": round(kv_stream / 2**20, 1),
         "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),
         "heads": "fused (llama.cpp)" if fused else ("numpy (text rows only in llama.cpp)" if fused_path else "numpy"),
         "n_embd": backbone.n_embd,
-        "n_vq": ids.n_vq,  # codebooks per frame (the model's config.json)
         "max_streams": streams,
         "n_ctx_per_stream": backbone.n_ctx_seq,
         "threads": threads,
         "model_config": str(mc) if mc else "defaults",
-        "model_kind": kind,
         "sampling": msgspec.structs.asdict(cfg.sampling),
         "sampler": cfg.sampler,
         "kernels": core.kernels.describe(),

@@ -10,6 +10,7 @@ cache before its next step.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..config import EngineConfig, SamplingParams, load_config
 from ..errors import EngineClosedError, OverloadedError
-from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice
+from ..request import AudioChunk, ReferenceLike, SpeakersLike, StreamOptions, StreamStats, Voice
 from .prepare import LongText, Preparer
 from .sink import StreamSink
 from .timed import ChunkTimer, wants_timestamps
@@ -62,14 +63,27 @@ class AudioStream:
     (:class:`~streamtts.engine.long_text.LongTextStream`) and ``segments`` lists them.
     """
 
-    def __init__(self, engine: Engine, text: str, reference: ReferenceLike, options: StreamOptions) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        text: str,
+        reference: ReferenceLike,
+        options: StreamOptions,
+        *,
+        speakers: SpeakersLike | None = None,
+        prefix: ReferenceLike = None,
+        prefix_text: str | None = None,
+    ) -> None:
         self._engine = engine
         self.rid = next(engine._rids)
         self.stats = StreamStats(t_submit=time.monotonic())
         self.segments: list[str] | None = None  # set when the text is spoken in segments
+        # once started, the (S, 1 + n_vq) prompt rows of its one generation (None: segments)
+        self.prompt: np.ndarray | None = None
         self._text = text
         self._reference = reference
         self._options = options
+        self._voices: dict[str, Any] = {"speakers": speakers, "prefix": prefix, "prefix_text": prefix_text}
         self._sink: StreamSink | None = None
         self._long: LongTextStream | None = None
         self._done = False
@@ -128,15 +142,20 @@ class AudioStream:
             )
         sink = StreamSink(asyncio.get_running_loop(), self.stats)
         req = await asyncio.to_thread(
-            engine._preparer.prepare, self.rid, self._text, self._reference, self._options, sink, self.stats
-        )
+            functools.partial(engine._preparer.prepare, **self._voices),
+            self.rid, self._text, self._reference, self._options, sink, self.stats,
+        )  # fmt: skip
         if isinstance(req, LongText):
             from .long_text import LongTextStream
 
             self.segments = req.segments
-            self._long = LongTextStream(engine, req.segments, req.voice, self._options, stats=self.stats)
+            self._long = LongTextStream(
+                engine, req.segments, req.voice, self._options, stats=self.stats,
+                speakers=req.speakers, prefix=req.prefix,
+            )  # fmt: skip
             return
         self._sink = sink
+        self.prompt = req.prompt
         if wants_timestamps(self._options):
             self._timer = ChunkTimer(self._text, self._options)
         core.submit(req)
@@ -281,6 +300,9 @@ class Engine:
         text: str,
         *,
         reference: ReferenceLike = None,
+        speakers: SpeakersLike | None = None,
+        prefix: ReferenceLike = None,
+        prefix_text: str | None = None,
         language: str | None = None,
         seed: int | None = None,
         sampling: SamplingParams | None = None,
@@ -290,9 +312,15 @@ class Engine:
         """Stream speech for ``text``: chunks arrive as soon as frames are decoded.
 
         ``options`` carries every setting; the keyword shortcuts override it.
+        ``reference``: the voice to clone (a clip: path, bytes, samples; or a Voice).
+        ``speakers``: a dialogue's voices instead, ``{"S1": ..., "S2": ...}`` for the text's
+        ``[S1]``, ``[S2]`` tags. ``prefix``: audio to continue (a clip or a Voice, e.g.
+        ``Voice.from_codes``), ``prefix_text`` its transcript (goes before ``text``).
+        An empty ``text`` is valid with ``options.ambient_sound``.
         Text longer than one generation fits in the context is spoken as
         segments in one voice (``stream.segments`` lists them once it started); a
-        reference clip is encoded once for all of them.
+        reference clip is encoded once for all of them, and every segment of a dialogue
+        carries every speaker's voice.
         """
         opts = options or StreamOptions()
         short = {"language": language, "seed": seed, "sampling": sampling, "max_new_tokens": max_new_tokens}
@@ -301,7 +329,7 @@ class Engine:
             import msgspec
 
             opts = msgspec.structs.replace(opts, **changes)
-        return AudioStream(self, text, reference, opts)
+        return AudioStream(self, text, reference, opts, speakers=speakers, prefix=prefix, prefix_text=prefix_text)
 
     async def generate(self, text: str, **kwargs: Any) -> Synthesis:
         """The whole utterance at once (same path as :meth:`stream`)."""
@@ -328,6 +356,12 @@ class Engine:
         return await asyncio.to_thread(self._preparer.encode_voice, reference, sample_rate, name)
 
     # -- introspection --------------------------------------------------------------------------
+    @property
+    def model_kind(self) -> str:
+        """The family member loaded (``moss-tts``, ``moss-ttsd``, ...; core/family.py)."""
+        self._require_started()
+        return self._preparer.member.kind
+
     @property
     def active_streams(self) -> int:
         return 0 if self._core is None else int(self._core.active_streams)

@@ -4,7 +4,9 @@ The preparer cuts the normalised text at sentence/clause boundaries (the server'
 segmenter) and the segments are spoken back to back in one voice
 (:mod:`streamtts.engine.segmented`), pipelined so the next segment generates while the
 current one plays. To the caller it is one stream of :class:`AudioChunk` with
-continuous frame numbers.
+continuous frame numbers. A dialogue stays one conversation: every segment carries every
+speaker's voice, and a segment cut inside a turn starts with that turn's tag (the
+segmenter); a continuation's prefix is continued by the first segment only.
 """
 
 from __future__ import annotations
@@ -31,11 +33,16 @@ class LongTextStream:
     def __init__(
         self, engine: SpeechEngine, segments: list[str], voice: Voice | None, options: StreamOptions,
         stats: StreamStats,
+        *,
+        speakers: dict[str, Voice] | None = None,
+        prefix: Voice | None = None,
     ) -> None:
         self.segments = segments
         self.stats = stats
         self._engine = engine
         self._voice = voice
+        self._speakers = speakers
+        self._prefix = prefix
         self._options = msgspec.structs.replace(options, normalize=False)
         self._events: AsyncGenerator[SegmentEvent, None] | None = None
         self._frames = 0
@@ -47,8 +54,9 @@ class LongTextStream:
         st = self.stats
         if self._events is None:
             self._events = speak_segments(
-                self._engine, self.segments, reference=self._voice, options=self._options
-            )
+                self._engine, self.segments, reference=self._voice, options=self._options,
+                speakers=self._speakers, prefix=self._prefix,
+            )  # fmt: skip
         while True:
             try:
                 ev = await self._events.__anext__()

@@ -24,29 +24,50 @@ from ..audio.reference import encode_reference, load_reference
 from ..codec import AudioEncoder
 from ..config import EngineConfig
 from ..constants import FRAME_S, MAX_TEXT_CHARS
+from ..core.family import DEFAULT_KIND, MEMBERS, Member, language_for
 from ..core.prompt import PromptBuilder, PromptSpec, TextTokenizer
+from ..core.speakers import check_speakers
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.tables import Embedder
-from ..request import PreparedRequest, ReferenceLike, StreamOptions, StreamStats, Voice
+from ..request import (
+    PreparedRequest,
+    ReferenceLike,
+    SpeakersLike,
+    StreamOptions,
+    StreamStats,
+    Voice,
+)
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
+from .dialogue import SegmentSpeakers, speaker_tuple
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True, slots=True)
 class LongText:
-    """Text too long for one generation: spoken as these segments, in this voice.
+    """Text too long for one generation: spoken as these segments, in this voice (or these
+    speakers' voices), the first continuing ``prefix``.
 
     The segments are cut from the text as it is to be spoken (normalised, when
-    normalisation is on): their own requests must not normalise them again.
+    normalisation is on, the prefix's transcript included): their own requests must not
+    normalise them again, nor prepend the transcript.
     """
 
     segments: list[str]
     voice: Voice | None
+    speakers: dict[str, Voice] | None = None
+    prefix: Voice | None = None
+
+
+def join_prefix_text(prefix_text: str, text: str) -> str:
+    """The prefix's transcript before the text (as the official app does), one space between
+    them unless either side already has one."""
+    if not prefix_text or not text or prefix_text[-1].isspace() or text[0].isspace():
+        return prefix_text + text
+    return f"{prefix_text} {text}"
 
 
 class Preparer:
@@ -58,6 +79,7 @@ class Preparer:
         embedder: Embedder,
         encoder_factory: Callable[[], AudioEncoder],
         n_ctx_seq: int,
+        member: Member | None = None,
     ) -> None:
         self.cfg = cfg
         self.ids = ids
@@ -68,6 +90,7 @@ class Preparer:
         self._encoder: AudioEncoder | None = None
         self._encoder_lock = threading.Lock()
         self.n_ctx_seq = n_ctx_seq
+        self.member = member or MEMBERS[DEFAULT_KIND]
 
     # -- reference voices -----------------------------------------------------------------
     def encoder(self) -> AudioEncoder:
@@ -79,40 +102,92 @@ class Preparer:
     def encode_voice(self, reference: str | Path | bytes | np.ndarray, sample_rate: int | None = None, name: str = "") -> Voice:
         wav = load_reference(reference, sample_rate)
         codes = encode_reference(self.encoder(), wav)
-        if codes.ndim != 2 or codes.shape[1] != self.ids.n_vq or codes.shape[0] == 0:
-            raise ReferenceAudioError(f"the encoder returned codes of shape {codes.shape}, expected (T, {self.ids.n_vq})")
-        return Voice(codes=codes, name=name)
+        n = self.ids.n_vq
+        if codes.ndim != 2 or codes.shape[1] < n or codes.shape[0] == 0:
+            raise ReferenceAudioError(f"the encoder returned codes of shape {codes.shape}, expected (T, {n})")
+        return Voice(codes=codes[:, :n], name=name)  # an RVQ: the first n levels are the n-level codes
 
-    def _reference_codes(self, reference: ReferenceLike) -> np.ndarray | None:
-        if reference is None:
+    def voice_for(self, voice: ReferenceLike, what: str) -> Voice | None:
+        """``voice`` for this model: a clip encoded; codes of more levels cut to the model's
+        n_vq (the codec is residual: its first n levels are what an n-level model reads);
+        fewer levels, or codes that are no codes, an error naming ``what``."""
+        if voice is None:
             return None
-        if isinstance(reference, Voice):
-            return reference.codes
-        return self.encode_voice(reference).codes
+        v = voice if isinstance(voice, Voice) else self.encode_voice(voice)
+        c = np.asarray(v.codes)
+        n = self.ids.n_vq
+        if c.ndim != 2 or c.shape[1] < n or c.shape[0] == 0:
+            raise InputError(f"{what}: the voice's codes are of shape {c.shape}; this model needs (T, {n}), T >= 1")
+        if not np.issubdtype(c.dtype, np.integer):
+            raise InputError(f"{what}: the voice's codes must be integers, got {c.dtype}")
+        if c.min() < 0 or c.max() >= self.ids.audio_vocab_size:
+            raise InputError(f"{what}: the voice's codes must be in [0, {self.ids.audio_vocab_size - 1}]")
+        return v if c.shape[1] == n else Voice(codes=np.ascontiguousarray(c[:, :n]), name=v.name)
+
+    def _speakers(self, speakers: SpeakersLike, text: str | None) -> dict[str, Voice]:
+        """The dialogue's voices (``S1`` -> Voice), checked against the text's tags: every
+        tag has a voice (the prompt builder checks it, for every prompt); every voice a tag,
+        unless this is one segment of a longer dialogue."""
+        ordered = speaker_tuple(speakers)
+        if not isinstance(speakers, SegmentSpeakers):
+            check_speakers(text, ordered)
+        out: dict[str, Voice] = {}
+        for i, v in enumerate(ordered):
+            voice = self.voice_for(v, f"speakers.S{i + 1}")
+            if voice is not None:
+                out[f"S{i + 1}"] = voice
+        return out
+
+    def _references(self, speakers: dict[str, Voice]) -> tuple[np.ndarray | None, ...]:
+        if not speakers:
+            return ()
+        last = max(int(k[1:]) for k in speakers)
+        return tuple(speakers[f"S{i}"].codes if f"S{i}" in speakers else None for i in range(1, last + 1))
 
     # -- prompt -----------------------------------------------------------------------------
     FRAMES_PER_TOKEN = 4.0  # generous speech length per text token (about 3 in English)
     TEMPLATE_ROWS = 80  # prompt rows besides the text and the reference block
     MIN_PREFIX_ROWS = 16  # shorter shared prefixes are not worth a cache entry
 
-    def _fits_one_generation(self, tokens: int, ref: np.ndarray | None) -> bool:
+    def _fits_one_generation(self, tokens: int, ref_rows: int) -> bool:
         """Whether prompt + expected speech fit one stream's context (else: speak it in segments).
 
-        ``tokens``: the text's rows in its prompt. ``max_new_tokens`` is a cap the caller
-        chose, not a reason to split.
+        ``tokens``: the text's rows in its prompt; ``ref_rows``: its voices' (references and
+        prefix). ``max_new_tokens`` is a cap the caller chose, not a reason to split.
         """
-        ref_rows = 0 if ref is None else ref.shape[0] + self.ids.n_vq
         speech = int(tokens * self.FRAMES_PER_TOKEN) + self.ids.n_vq
         return self.TEMPLATE_ROWS + tokens + ref_rows + speech <= self.n_ctx_seq
 
     def prepare(
-        self, rid: int, text: str, reference: ReferenceLike, options: StreamOptions, sink: Any, stats: StreamStats
+        self,
+        rid: int,
+        text: str,
+        reference: ReferenceLike,
+        options: StreamOptions,
+        sink: Any,
+        stats: StreamStats,
+        *,
+        speakers: SpeakersLike | None = None,
+        prefix: ReferenceLike = None,
+        prefix_text: str | None = None,
     ) -> PreparedRequest | LongText:
         """The request's prompt rows and embeddings; or, for text longer than one generation
-        fits in the context, its segments (and the voice encoded once for all of them)."""
+        fits in the context, its segments (and the voices encoded once for all of them).
+
+        ``speakers``: a dialogue's voices (``S1`` -> voice of the text's ``[S1]``), instead
+        of one ``reference``. ``prefix``: audio the generation continues (its transcript
+        ``prefix_text`` goes before the text). An empty text is valid with
+        ``options.ambient_sound`` (a sound, no speech: the prompt's text is ``None``).
+        """
         t0 = time.monotonic()
         if not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}")
+        if prefix_text is not None:
+            if not isinstance(prefix_text, str):
+                raise InputError(f"prefix_text must be a string, got {type(prefix_text).__name__}")
+            if prefix is None:
+                raise InputError("prefix_text is the transcript of a prefix: give the prefix audio too")
+            text = join_prefix_text(prefix_text, text)
         if len(text) > MAX_TEXT_CHARS:
             raise InputError(
                 f"text is {len(text)} characters; the limit per request is {MAX_TEXT_CHARS}: split "
@@ -121,10 +196,15 @@ class Preparer:
             )
         normalize = self.cfg.normalize_text if options.normalize is None else options.normalize
         clean = normalize_text(text) if normalize else text
-        if not clean.strip():
-            raise InputError("text is empty" + (" after normalisation" if text.strip() else ""))
-        if not speakable(clean):  # the server's segmenter drops such text too: one rule everywhere
-            raise InputError(f"text {text.strip()[:40]!r} has nothing to say (no letters or digits)")
+        sound_only = not clean.strip() and options.ambient_sound is not None
+        if not sound_only:
+            if not clean.strip():
+                raise InputError(
+                    "text is empty" + (" after normalisation" if text.strip() else "")
+                    + " (an empty text is valid only with ambient_sound)"
+                )
+            if not speakable(clean):  # the server's segmenter drops such text too: one rule everywhere
+                raise InputError(f"text {text.strip()[:40]!r} has nothing to say (no letters or digits)")
         sampling = (options.sampling or self.cfg.sampling).validate()
         if options.tokens is not None and options.tokens < 1:
             raise InputError(f"tokens (duration in frames) must be >= 1, got {options.tokens}")
@@ -132,32 +212,47 @@ class Preparer:
             raise InputError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
         if options.fixed_frames is not None and options.fixed_frames < 1:
             raise InputError(f"fixed_frames must be >= 1, got {options.fixed_frames}")
-        ref = self._reference_codes(reference)
+        if reference is not None and speakers:
+            raise InputError(
+                "give either reference (one voice) or speakers (a voice per [S1], [S2], ... tag), not both"
+            )
+        language = language_for(self.member.language_form, options.language)
+        voice = self.voice_for(reference, "reference")
+        cast = self._speakers(speakers, clean) if speakers else {}
+        refs = self._references(cast)
+        start = self.voice_for(prefix, "prefix")
+        ref = None if voice is None else voice.codes
         spec = PromptSpec(
-            text=clean,
+            text=None if sound_only else clean,
             reference_codes=ref,
             instruction=options.instruction,
             tokens=options.tokens,
             quality=options.quality,
-            language=options.language,
+            sound_event=options.sound_event,
+            ambient_sound=options.ambient_sound,
+            language=language,
+            references=refs,
+            prefix_codes=None if start is None else start.codes,
         )
         built = self.prompts.build(spec, prefix=self.cfg.prefix_cache_mib > 0)
-        if not self._fits_one_generation(built.text_rows, ref):
+        voices = [c for c in (ref, *refs, None if start is None else start.codes) if c is not None]
+        ref_rows = sum(c.shape[0] + self.ids.n_vq for c in voices)
+        if not sound_only and not self._fits_one_generation(built.text_rows, ref_rows):
             segments = split_text(clean)
             if len(segments) > 1:  # one segment that doesn't fit: PromptTooLongError below says so
-                voice = reference if isinstance(reference, Voice) else (None if ref is None else Voice(codes=ref))
-                return LongText(segments, voice)
+                return LongText(segments, voice, cast or None, start)
         prompt, n_prefix = built.rows, built.prefix_rows
         if n_prefix < self.MIN_PREFIX_ROWS:
             n_prefix = 0
         rows = prompt.shape[0]
         room = self.n_ctx_seq - rows + 1  # steps that fit after the prompt
         if room < self.ids.n_vq:
-            ref_s = f", reference voice {ref.shape[0] * FRAME_S:.1f} s" if ref is not None else ""
+            voice_s = sum(c.shape[0] for c in voices) * FRAME_S
+            ref_s = f", voices {voice_s:.1f} s" if voices else ""
             raise PromptTooLongError(
                 f"prompt is {rows} rows (text {len(clean)} chars{ref_s}); the first audio frame needs "
                 f"{self.ids.n_vq} more steps, but the per-stream context n_ctx is {self.n_ctx_seq}: "
-                "shorten the text or reference, or raise n_ctx"
+                "shorten the text or the voices, or raise n_ctx"
             )
         max_new = min(options.max_new_tokens or self.cfg.max_new_tokens, room)
         if options.fixed_frames is not None:  # benchmarks: fixed length unless cut explicitly
@@ -177,5 +272,7 @@ class Preparer:
             sink=sink,
             prefix_rows=n_prefix,
             prefix_key=prefix_key(prompt, n_prefix) if n_prefix else b"",
+            audio_prefix_rows=built.audio_prefix_rows,
+            keep_rows=options.rows,
             stats=stats,
         )

@@ -18,6 +18,13 @@ longer than one generation fits in the context:
   first segment (37 frames) needs 0.72 s, and a client holds about 0.84 s
   then (0.74 s generated ahead plus a 0.1 s pre-roll). With 25 frames the
   same case would need 1.26 s: a gap.
+* **Dialogue.** With ``speakers`` (``S1`` -> Voice) every segment's prompt carries
+  every speaker's voice (and the segmenter starts a segment cut inside a turn with that
+  turn's tag): each generation knows who speaks its first words and every voice of the
+  conversation. The voices are fixed from the start.
+* **Continuation.** ``prefix`` (and its transcript ``prefix_text``) go to the first
+  segment only: it continues that audio; later segments continue the conversation in the
+  same voices, not the waveform.
 * **Pipelining.** Once the voice is fixed, segment n+1 starts generating
   while segment n is still generating (``lookahead`` segments ahead; its
   chunks wait in memory), so it is ready before segment n finishes playing.
@@ -52,7 +59,16 @@ import numpy as np
 import numpy.typing as npt
 
 from ..constants import FRAME_S, SAMPLE_RATE
-from ..request import AudioChunk, ReferenceLike, StreamOptions, StreamStats, Voice, WordTime
+from ..request import (
+    AudioChunk,
+    ReferenceLike,
+    SpeakersLike,
+    StreamOptions,
+    StreamStats,
+    Voice,
+    WordTime,
+)
+from .dialogue import SegmentSpeakers
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +110,14 @@ class SpeechEngine(Protocol):
     """
 
     def stream(
-        self, text: str, *, reference: ReferenceLike = ..., options: StreamOptions | None = ...
+        self,
+        text: str,
+        *,
+        reference: ReferenceLike = ...,
+        options: StreamOptions | None = ...,
+        speakers: SpeakersLike | None = ...,
+        prefix: ReferenceLike = ...,
+        prefix_text: str | None = ...,
     ) -> SegmentStream: ...
 
 
@@ -180,6 +203,9 @@ class SegmentedSpeech:
         *,
         reference: Voice | None = None,
         options: StreamOptions | None = None,
+        speakers: dict[str, Voice] | None = None,
+        prefix: Voice | None = None,
+        prefix_text: str | None = None,
         lookahead: int = 1,
         continuity_frames: int = DEFAULT_CONTINUITY_FRAMES,
         fade_ms: float = DEFAULT_FADE_MS,
@@ -187,6 +213,9 @@ class SegmentedSpeech:
         self.engine = engine
         self.reference = reference
         self.options = options or StreamOptions()
+        self.speakers = SegmentSpeakers(speakers) if speakers else None
+        self.prefix = prefix
+        self.prefix_text = prefix_text
         self.lookahead = max(0, lookahead)
         self.continuity_frames = max(1, continuity_frames)
         self.fade_samples = int(round(fade_ms * SAMPLE_RATE / 1000.0))
@@ -242,7 +271,7 @@ class SegmentedSpeech:
             await self._cancel_all()
 
     def _voice_ready(self) -> bool:
-        return self.reference is not None
+        return self.reference is not None or self.speakers is not None
 
     def _start_ready(self) -> None:
         while self._pending:
@@ -264,9 +293,7 @@ class SegmentedSpeech:
 
     async def _run(self, g: _Gen) -> None:
         try:
-            s = self.engine.stream(
-                g.text, reference=self.reference, options=self._segment_options(g.index)
-            )
+            s = self.engine.stream(g.text, **self._voices(g.index), options=self._segment_options(g.index))
             g.stats = s.stats
             async with s:
                 async for chunk in s:
@@ -285,8 +312,18 @@ class SegmentedSpeech:
             self._finish_voice(g)
             self._wake.set()
 
+    def _voices(self, index: int) -> dict[str, Any]:
+        """The voice arguments of segment ``index``'s stream (only those set: an engine
+        stand-in need not take the dialogue ones)."""
+        kw: dict[str, Any] = {"reference": self.reference}
+        if self.speakers is not None:
+            kw = {"speakers": self.speakers}
+        if index == 0 and self.prefix is not None:
+            kw.update(prefix=self.prefix, prefix_text=self.prefix_text)
+        return kw
+
     def _collect_voice(self, g: _Gen, chunk: AudioChunk) -> None:
-        if self.reference is not None or chunk.codes.shape[0] == 0:
+        if self.reference is not None or self.speakers is not None or chunk.codes.shape[0] == 0:
             return
         g.codes.append(chunk.codes)
         g.frames += chunk.codes.shape[0]
@@ -294,7 +331,7 @@ class SegmentedSpeech:
             self._set_voice(g)
 
     def _finish_voice(self, g: _Gen) -> None:
-        if self.reference is None and g.frames > 0:
+        if self.reference is None and self.speakers is None and g.frames > 0:
             self._set_voice(g)
 
     def _set_voice(self, g: _Gen) -> None:

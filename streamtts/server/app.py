@@ -15,6 +15,8 @@ Routes::
     POST /v1/voices          upload a reference clip -> voice id
     GET  /v1/voices          the cached voices (id, name, seconds)
     DELETE /v1/voices/{id}
+    GET  /v1/audio/voices    every voice a request may name (config names + uploaded)
+    GET  /v1/models          the served model (OpenAI shape, with model_kind and n_vq)
     GET  /healthz            liveness: 200 once loaded (also while draining), 503 while
                              loading or closing
     GET  /readyz             readiness: 200 only while a session slot is free and the server
@@ -47,6 +49,7 @@ from ..errors import ReferenceAudioError, StreamTTSError, VoiceStoreUnavailableE
 from ..request import Voice
 from .app_state import ServerSettings, ServerState
 from .hosts import HostAllowList, HostCheckMiddleware
+from .listings import list_audio_voices, list_models
 from .logs import UvicornRefusalFilter
 from .metrics import CONTENT_TYPE
 from .page import clip_from_body, favicon, info
@@ -148,6 +151,8 @@ def create_app(
             Route("/v1/voices", upload_voice, methods=["POST"]),
             Route("/v1/voices", list_voices, methods=["GET"]),
             Route("/v1/voices/{voice_id}", delete_voice, methods=["DELETE"]),
+            Route("/v1/audio/voices", list_audio_voices),
+            Route("/v1/models", list_models),
             WebSocketRoute("/v1/stream", websocket_endpoint),
             Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
         ],
@@ -314,7 +319,7 @@ async def list_voices(request: Request) -> Response:
     except VoiceStoreUnavailableError as exc:
         return _store_unavailable(s, exc)
     voices = [
-        {"voice_id": v.voice_id, "name": v.name, "seconds": v.seconds, "frames": v.frames}
+        {"voice_id": v.voice_id, "name": v.name, "seconds": v.seconds, "frames": v.frames, "n_vq": v.n_vq}
         for v in infos
     ]
     return JSONResponse({"voices": voices, "capacity": s.voices.capacity, "store": s.voices.backend})

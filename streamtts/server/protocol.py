@@ -64,9 +64,16 @@ class Start(msgspec.Struct, tag="start", kw_only=True, forbid_unknown_fields=Tru
     """Optional first message: the session's settings (all optional)."""
 
     voice: str | None = None  # a voice id from POST /v1/voices
-    language: str | None = None
+    # a dialogue's voices instead: {"S1": voice id, name or base64 clip, ...} for [S1], ...
+    speakers: dict[str, str] | None = None
+    prefix: str | None = None  # audio to continue (as a voice): the first segment continues it
+    prefix_text: str | None = None  # its transcript, spoken before the first segment's text
+    language: str | None = None  # an ISO code or a name; the model's own form is sent
     instruction: str | None = None
     quality: str | None = None
+    tokens: int | None = None  # the prompt's duration field (audio frames), per segment
+    ambient_sound: str | None = None  # with it, a session without text makes one sound
+    sound_event: str | None = None
     seed: int | None = None
     sampling: SamplingParams | None = None
     format: str | None = None  # see streamtts.audio.formats.FORMATS (default pcm_s16le_24000)

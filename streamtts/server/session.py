@@ -47,8 +47,11 @@ import numpy.typing as npt
 from ..audio.formats import AudioFormat, StreamEncoder, get_format
 from ..config import SamplingParams
 from ..constants import FRAME_RATE
+from ..core.family import language_for
+from ..engine.dialogue import speaker_number
 from ..errors import (
     ConfigError,
+    InputError,
     SamplingError,
     VoiceStoreUnavailableError,
 )
@@ -147,6 +150,9 @@ class Configure:
 
     reference: Voice | None
     options: StreamOptions
+    speakers: dict[str, Voice] | None = None  # a dialogue's voices (every context's)
+    prefix: Voice | None = None  # continued by the implicit context's first segment
+    prefix_text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +249,7 @@ class Session:
         self.heard = False  # a first message (any frame) arrived
         self._start_refused = False
         self.timestamps = "none"  # from `start`: "words" | "chars" sends `alignment` messages
+        self._sound = False  # `start` had ambient_sound: a context ended without text makes one sound
         # seconds of a context's audio the I/O layer has handed to the socket (cancel's done)
         self._sent_audio = sent_audio or (lambda _cid: 0.0)
 
@@ -627,7 +634,10 @@ class Session:
     def _end_context(self, ctx: _Context) -> None:
         if ctx.ended:
             return
-        self._submit(ctx, ctx.segmenter.flush())
+        segments = ctx.segmenter.flush()
+        if not segments and not ctx.n.segments and self._sound:
+            segments = [""]  # a sound with no words (ambient_sound): the prompt's text is None
+        self._submit(ctx, segments)
         ctx.ended = True
         self._out.append(EndInput(ctx.id))
 
@@ -692,6 +702,17 @@ class Session:
                 )
                 return False
         try:
+            speakers, prefix = self._voice_fields(msg)
+        except _FieldError as exc:
+            self._error(exc.code, exc.message)
+            return False
+        if reference is not None and speakers:
+            self._error(ErrorCode.INVALID_OPTION, "voice and speakers: give one voice, or one per speaker, not both")
+            return False
+        if msg.prefix_text is not None and msg.prefix is None:
+            self._error(ErrorCode.INVALID_OPTION, "prefix_text is the transcript of a prefix: give prefix too")
+            return False
+        try:
             seg_cfg = SegmenterConfig(
                 min_chars=s.min_chars if msg.min_chars is None else msg.min_chars,
                 clause_min_chars=s.clause_min_chars
@@ -710,10 +731,11 @@ class Session:
             return False
         self.format = fmt
         self.timestamps = timestamps
+        self._sound = msg.ambient_sound is not None
         self._seg_cfg = seg_cfg
         self._contexts[None] = _Context(None, Segmenter(seg_cfg), StreamEncoder(fmt))
         self.state = "streaming"
-        self._out.append(Configure(reference, options))
+        self._out.append(Configure(reference, options, speakers, prefix, msg.prefix_text))
         self._send(
             Ready(
                 session=self.id,
@@ -738,12 +760,48 @@ class Session:
         )
         return True
 
+    def _voice_fields(self, msg: Start) -> tuple[dict[str, Voice] | None, Voice | None]:
+        """The `start`'s speakers and prefix as voices (the I/O layer fetched or encoded them
+        before; a lookup that failed there raises its error here)."""
+        speakers: dict[str, Voice] | None = None
+        if msg.speakers:
+            speakers = {}
+            for key, value in msg.speakers.items():
+                try:
+                    tag = f"S{speaker_number(key)}"
+                except InputError as exc:
+                    raise _FieldError(ErrorCode.INVALID_OPTION, str(exc)) from None
+                if tag in speakers:
+                    raise _FieldError(ErrorCode.INVALID_OPTION, f"speakers: {tag} is given twice")
+                speakers[tag] = self._field_voice(value, f"speakers.{key}")
+        prefix = None if msg.prefix is None else self._field_voice(msg.prefix, "prefix")
+        return speakers, prefix
+
+    def _field_voice(self, value: str, field: str) -> Voice:
+        try:
+            known, voice = self._lookup_voice(value)
+        except VoiceStoreUnavailableError as exc:
+            raise _FieldError(ErrorCode.VOICE_STORE_UNAVAILABLE, f"{field}: {exc}; try again shortly") from None
+        except InputError as exc:  # what the I/O layer found wrong with it (voice_fields.py)
+            raise _FieldError(getattr(exc, "code", ErrorCode.INVALID_OPTION), str(exc)) from None
+        if not known:
+            raise _FieldError(ErrorCode.UNKNOWN_VOICE, f"{field}: no voice {_clip(value)!r} on this server (upload it with POST /v1/voices, or send the clip as base64)")
+        if voice is None:
+            raise _FieldError(ErrorCode.INVALID_OPTION, f"{field}: {value!r} is the model's own voice, which has no audio to give here")
+        return voice
+
     def _options(self, msg: Start, sampling: SamplingParams | None) -> StreamOptions:
         mnt = request_limits(msg.max_new_tokens, msg.seed, self.settings.max_new_tokens)
+        language_for("as-given", msg.language)  # an empty one is an error (the engine sends the member's form)
+        if msg.tokens is not None and msg.tokens < 1:
+            raise InputError(f"tokens (duration in frames) must be >= 1, got {msg.tokens}")
         return StreamOptions(
             language=msg.language,
             instruction=msg.instruction,
             quality=msg.quality,
+            tokens=msg.tokens,
+            ambient_sound=msg.ambient_sound,
+            sound_event=msg.sound_event,
             seed=msg.seed,
             sampling=sampling,
             max_new_tokens=mnt,
@@ -837,6 +895,15 @@ class Session:
         self.state = "closed"
         self.close_code = code
         self._out.append(Close(code, reason, immediate))
+
+
+class _FieldError(InputError):
+    """A `start` voice field that names no usable voice: the error message to send."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 def _clip(text: str, n: int = 40) -> str:

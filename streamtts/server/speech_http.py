@@ -10,7 +10,11 @@ it is produced, ``flac`` whole at the end (openai_formats.py), or any name of
 ``speech.audio.done``; with ``timestamps: "words"`` (SSE only) a ``speech.alignment`` event
 with the estimated times of the words goes before the audio that holds them. ``voice``: a name of the config's ``voices:`` table (by default
 OpenAI's names, the model's own voice; voice_names.py) or an id from ``POST /v1/voices``.
-``instructions`` go to the prompt's instruction field.
+``instructions`` go to the prompt's instruction field. The prompt's other fields come as
+extras: ``language`` (an ISO code or a name), ``quality``, ``tokens``, ``ambient_sound``
+(then ``input`` may be empty: a sound), ``sound_event``; a dialogue's ``speakers``
+(``{"S1": voice, ...}``, instead of ``voice``) and a continuation's ``prefix`` and
+``prefix_text`` (voice_fields.py says what a voice value may be).
 
 Long input is cut by the same segmenter as the WebSocket and spoken by the
 same pipeline (one voice, clean joins). Errors before the first audio get a
@@ -35,6 +39,9 @@ from starlette.types import Send
 
 from ..config import SamplingParams
 from ..constants import FRAME_RATE, SAMPLE_RATE
+from ..core.family import language_for
+from ..core.speakers import check_speakers
+from ..engine.dialogue import speaker_tuple
 from ..engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -42,7 +49,7 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
-from ..errors import SamplingError, VoiceStoreUnavailableError
+from ..errors import InputError, SamplingError, VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice, WordTime
 from ..text.segmenter import Segmenter, SegmenterConfig
 from ..timing.modes import check_timestamps
@@ -57,6 +64,7 @@ from .openai_formats import (
     resolve_format,
 )
 from .protocol import ErrorCode, error_for_exception, request_limits
+from .voice_fields import VoiceFieldError, resolve_voices
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,13 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
     stream_format: str = "audio"
     # ours
     language: str | None = None
+    quality: str | None = None
+    tokens: int | None = None
+    ambient_sound: str | None = None
+    sound_event: str | None = None
+    speakers: dict[str, str] | None = None
+    prefix: str | None = None
+    prefix_text: str | None = None
     seed: int | None = None
     max_new_tokens: int | None = None
     sampling: SamplingParams | None = None
@@ -161,9 +176,14 @@ async def speech_endpoint(request: Request) -> Response:
         if req.voice is not None and req.voice not in state.voice_names:
             await state.voices.fetch(req.voice)  # into this replica's cache (shared store)
         options, reference = _options(req, state)
+        speakers, prefix = await _voice_fields(req, state, reference)
     except SpeechRequestError as exc:  # a field we cannot honour: 400 naming it
         m.errors_total.inc(code=exc.code)
         return error_response(exc.status, exc.code, str(exc), param=exc.param)
+    except VoiceFieldError as exc:
+        m.errors_total.inc(code=exc.code)
+        status = 503 if exc.code == ErrorCode.VOICE_STORE_UNAVAILABLE else 400
+        return error_response(status, exc.code, str(exc), param=exc.field)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:  # ConfigError too
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
         return error_response(400, ErrorCode.INVALID_REQUEST, str(exc))
@@ -185,6 +205,8 @@ async def speech_endpoint(request: Request) -> Response:
         )
     seg = Segmenter(SegmenterConfig(limits.min_chars, limits.clause_min_chars, limits.max_chars))
     segments = seg.feed(req.input) + seg.flush()
+    if not segments and req.ambient_sound is not None and not req.input.strip():
+        segments = [""]  # a sound with no words: the prompt's text is None
     if not segments:
         m.errors_total.inc(code=ErrorCode.INVALID_TEXT)
         return error_response(
@@ -224,6 +246,9 @@ async def speech_endpoint(request: Request) -> Response:
             state.engine,
             reference=reference,
             options=options,
+            speakers=speakers,
+            prefix=prefix,
+            prefix_text=req.prefix_text,
             lookahead=state.settings.lookahead,
             continuity_frames=state.settings.continuity_frames,
             fade_ms=state.settings.fade_ms,
@@ -307,15 +332,49 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
         raise SpeechRequestError(
             ErrorCode.INVALID_OPTION, f"sampling.{exc.field}", f"sampling.{exc}"
         ) from exc
+    try:
+        language_for("as-given", req.language)  # an empty one is an error; the engine sends the member's form
+    except InputError as exc:
+        raise SpeechRequestError(ErrorCode.INVALID_OPTION, "language", str(exc)) from None
+    if req.tokens is not None and req.tokens < 1:
+        raise SpeechRequestError(
+            ErrorCode.INVALID_OPTION, "tokens", f"tokens (duration in frames) must be >= 1, got {req.tokens}"
+        )
     options = StreamOptions(
         instruction=req.instructions,
         language=req.language,
+        quality=req.quality,
+        tokens=req.tokens,
+        ambient_sound=req.ambient_sound,
+        sound_event=req.sound_event,
         seed=req.seed,
         max_new_tokens=mnt,
         sampling=sampling,
         timestamps=None if req.timestamps in (None, "none") else req.timestamps,
     )
     return options, reference
+
+
+async def _voice_fields(
+    req: SpeechRequest, state: ServerState, reference: Voice | None
+) -> tuple[dict[str, Voice] | None, Voice | None]:
+    """The dialogue's speakers and the continuation's prefix; the whole input's speaker
+    tags checked against the speakers here (its segments each carry only some)."""
+    if req.speakers and req.voice is not None:
+        raise SpeechRequestError(
+            ErrorCode.INVALID_OPTION, "speakers", "voice and speakers: give one voice, or one per speaker, not both"
+        )
+    if req.prefix_text is not None and req.prefix is None:
+        raise SpeechRequestError(
+            ErrorCode.INVALID_OPTION, "prefix_text", "prefix_text is the transcript of a prefix: give prefix too"
+        )
+    speakers, prefix = await resolve_voices(state, req.speakers, req.prefix)
+    if speakers:
+        try:
+            check_speakers(f"{req.prefix_text or ''} {req.input}", speaker_tuple(speakers))
+        except InputError as exc:
+            raise SpeechRequestError(ErrorCode.INVALID_OPTION, "speakers", str(exc)) from None
+    return speakers, prefix
 
 
 async def _first_audio(events: AsyncGenerator[SegmentEvent, None]) -> SegmentEvent:

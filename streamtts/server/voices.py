@@ -81,6 +81,7 @@ class VoiceInfo:
     seconds: float
     name: str
     cached: bool  # True when the clip was already known (not encoded again)
+    n_vq: int = 0  # codebooks per frame of its codes
 
 
 class LocalVoices:
@@ -319,6 +320,7 @@ def _info(vid: str, v: Voice, cached: bool) -> VoiceInfo:
         seconds=round(v.seconds, 3),
         name=v.name,
         cached=cached,
+        n_vq=int(v.codes.shape[1]),
     )
 
 

@@ -33,7 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..constants import FRAME_RATE
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
-from ..errors import VoiceStoreUnavailableError
+from ..errors import InputError, VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
 from .app_state import ServerState
 from .drain import refuse_websocket
@@ -51,6 +51,7 @@ from .session import (
     Session,
     Synthesize,
 )
+from .voice_fields import VoiceFieldError, resolve_voice
 
 log = logging.getLogger(__name__)
 
@@ -194,12 +195,17 @@ class WsConnection:
             sent_audio=lambda cid: self.outbox.sent_by.get(cid, 0.0),
         )
         # A voice fetch (shared store) that failed: the session's lookup raises it.
-        self._voice_errors: dict[str, VoiceStoreUnavailableError] = {}
+        self._voice_errors: dict[str, VoiceStoreUnavailableError | InputError] = {}
+        # the `start`'s speakers and prefix values, resolved (a base64 clip encoded) before
+        # the session reads them
+        self._field_voices: dict[str, Voice] = {}
         self._background: set[asyncio.Task[None]] = set()
         # one speech pipeline and runner task per context (None: the implicit one)
         self.pipelines: dict[str | None, SegmentedSpeech] = {}
         self.runners: dict[str | None, asyncio.Task[None]] = {}
         self._reference: Voice | None = None  # from `start`, else the first voice a context fixed
+        self._speakers: dict[str, Voice] | None = None  # a dialogue's voices (`start`)
+        self._prefix: tuple[Voice, str | None] | None = None  # continued by the first pipeline
         self._timing_rate: float | None = None  # speaking rate the word times measured last
         self._options = StreamOptions()
         self.sender: asyncio.Task[None] | None = None
@@ -289,18 +295,29 @@ class WsConnection:
         """Before a `start` naming a voice reaches the (synchronous) session: bring the voice
         into this replica's cache from the shared store, or note why it cannot be had.
         (A message that did not decode: the session reports what is wrong with it.)"""
-        if not isinstance(message, Start) or not message.voice:
+        if not isinstance(message, Start):
             return
-        try:
-            await self.state.voices.fetch(message.voice)
-        except VoiceStoreUnavailableError as exc:
-            self._voice_errors[message.voice] = exc
+        if message.voice:
+            try:
+                await self.state.voices.fetch(message.voice)
+            except VoiceStoreUnavailableError as exc:
+                self._voice_errors[message.voice] = exc
+        fields = [(f"speakers.{k}", v) for k, v in (message.speakers or {}).items()]
+        if message.prefix is not None:
+            fields.append(("prefix", message.prefix))
+        for name, value in fields:
+            try:
+                self._field_voices[value] = await resolve_voice(self.state, value, name)
+            except VoiceFieldError as exc:
+                self._voice_errors[value] = exc
 
     def _voice(self, voice_id: str) -> Voice | None:
         err = self._voice_errors.pop(voice_id, None)
         if err is not None:
             raise err
-        return self.state.named_voice(voice_id)  # a configured name, or a voice fetched already
+        found = self._field_voices.get(voice_id)
+        # a configured name, or a voice fetched already
+        return found if found is not None else self.state.named_voice(voice_id)
 
     @property
     def quiet(self) -> bool:
@@ -354,10 +371,15 @@ class WsConnection:
             self._reference = next(
                 (q.reference for q in self.pipelines.values() if q.reference is not None), None
             )
+        prefix, prefix_text = self._prefix or (None, None)
+        self._prefix = None  # the session's first pipeline continues it; later ones, its voices
         p = SegmentedSpeech(
             self.state.engine,
             reference=self._reference,
             options=self._options,
+            speakers=self._speakers,
+            prefix=prefix,
+            prefix_text=prefix_text,
             lookahead=self.settings.lookahead,
             continuity_frames=self.settings.continuity_frames,
             fade_ms=self.settings.fade_ms,
@@ -444,6 +466,9 @@ class WsConnection:
                 self.outbox.put(a.data)
             elif isinstance(a, Configure):
                 self._reference, self._options = a.reference, a.options
+                self._speakers = a.speakers
+                self._prefix = None if a.prefix is None else (a.prefix, a.prefix_text)
+                self._field_voices.clear()
                 self._pipeline(None)  # the implicit context's, at once (as before contexts)
             elif isinstance(a, Synthesize):
                 self._pipeline(a.context_id).add(a.text)

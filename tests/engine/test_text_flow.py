@@ -6,8 +6,7 @@ the real normaliser, tokenizer and codec."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,16 +27,6 @@ from streamtts.text.segmenter import split_text
 GREEDY = StreamOptions(seed=5, sampling=SamplingParams.greedy(), max_new_tokens=60)
 # normalisation changes where it is cut: "..." and "!!" become "。" and "！" (sentence ends)
 LONG = " ".join(f"Sentence number {i} goes on for a while... and part {i} ends!! So {i}" for i in range(7))
-
-
-@pytest.fixture(scope="module")
-def engine(demo_model_dir: Path) -> Iterator[tuple[Engine, asyncio.AbstractEventLoop]]:
-    eng = Engine.from_config(demo_model_dir / "config.yaml", max_streams=2, n_threads=2, n_ctx=512)
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(eng.start())
-    yield eng, loop
-    loop.run_until_complete(eng.aclose())
-    loop.close()
 
 
 def spy(calls: list[Any], fn: Callable[..., Any], arg: int = 0) -> Callable[..., Any]:

@@ -1,0 +1,67 @@
+"""Listings that OpenAI-style clients and Kokoro-FastAPI-style UIs call.
+
+* ``GET /v1/models``: OpenAI's list shape; the one model this server serves, with the family
+  member it is (``model_kind``) and its codebooks (``n_vq``).
+* ``GET /v1/audio/voices``: every voice a request may name: the config's ``voices:`` names
+  (``kind: "name"``; the model's own voice has ``seconds`` null) and the uploaded or stored
+  voices (``kind: "uploaded"``), each with ``id``, ``name``, ``seconds`` and ``n_vq``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..errors import VoiceStoreUnavailableError
+from .app_state import ServerState
+from .protocol import ErrorCode
+from .speech_http import check_access, error_response
+
+__all__ = ["list_audio_voices", "list_models"]
+
+MODEL_ID = "streamtts"  # what `model` in a speech request may say (any value is accepted)
+
+
+async def list_models(request: Request) -> Response:
+    s: ServerState = request.app.state.streamtts
+    denied = check_access(s, request)
+    if denied is not None:
+        return denied
+    info = s.engine.info
+    model = {
+        "id": MODEL_ID,
+        "object": "model",
+        "created": 0,
+        "owned_by": "streamtts",
+        "model_kind": info.get("model_kind", "moss-tts"),
+        "n_vq": info.get("n_vq"),
+        "name": info.get("model", ""),
+        "demo": bool(info.get("demo", False)),
+    }
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def list_audio_voices(request: Request) -> Response:
+    s: ServerState = request.app.state.streamtts
+    denied = check_access(s, request)
+    if denied is not None:
+        return denied
+    n_vq = s.engine.info.get("n_vq")
+    voices: list[dict[str, Any]] = []
+    for name in s.voice_names.names:
+        v = s.voice_names.get(name)
+        voices.append({
+            "id": name, "name": name, "kind": "name",
+            "seconds": None if v is None else round(v.seconds, 3),
+            "n_vq": n_vq if v is None else int(v.codes.shape[1]),
+        })  # fmt: skip
+    try:
+        infos = await s.voices.infos()
+    except VoiceStoreUnavailableError as exc:
+        s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
+        return error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
+    for i in infos:
+        voices.append({"id": i.voice_id, "name": i.name, "kind": "uploaded", "seconds": i.seconds, "n_vq": i.n_vq})
+    return JSONResponse({"voices": voices})
