@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the imported `engine` fixture is taken as a parameter)
 """Every prompt field, speakers and a continuation prefix through ``Engine.stream`` (and
 ``SyncEngine``) down to the prompt the engine builds, on the demo model.
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from long_text_engine import engine  # noqa: F401 (the module's fixture)
 
 from streamtts.core.family import MEMBERS
 from streamtts.core.prompt import PromptSpec

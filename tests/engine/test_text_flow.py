@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the imported `engine` fixture is taken as a parameter)
 """Each stage a request's text goes through runs once: one normalisation (a long text is
 split after it, and its segments are not normalised again), one tokenisation, one end
 fade, one codec ``forget`` per stream. Real engine on the demo model; the counters wrap
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from long_text_engine import engine  # noqa: F401 (the module's fixture)
 
 from streamtts.config import SamplingParams
 from streamtts.core.prompt import HFTokenizer

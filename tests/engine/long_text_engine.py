@@ -1,4 +1,5 @@
-"""Fixtures of the engine tests."""
+"""The long-text engine fixture shared by test_text_flow and test_fields (imported by both: a
+conftest.py here would shadow tests/conftest.py, which test modules import by name)."""
 
 from __future__ import annotations
 
