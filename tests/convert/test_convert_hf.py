@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixtures.hf_checkpoint import checkpoint_dir
 
 from streamtts import cli
 from streamtts.config import SamplingParams
@@ -28,7 +29,7 @@ from streamtts.convert.hf import STAGING_DIR, convert_hf
 from streamtts.errors import ConfigError, ModelFileError
 from streamtts.request import StreamOptions
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "hf_checkpoint"
+FIXTURE = checkpoint_dir()
 MANIFEST = json.loads((FIXTURE / "official-outputs.json").read_text())
 GREEDY = StreamOptions(sampling=SamplingParams.greedy(), seed=1)
 TEXT = "Hello there, this is a streaming test."

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixtures.hf_checkpoint import tokenizer_json
 
 from streamtts.core.delay import delay_layout
 from streamtts.core.prompt import BuiltPrompt, HFTokenizer, PromptBuilder, PromptSpec
@@ -23,7 +24,7 @@ CASES = ["generation", "clone", "dialogue", "continuation", "sound"]
 
 @pytest.fixture(scope="module")
 def tok() -> HFTokenizer:
-    return HFTokenizer(FIXTURES / "hf_checkpoint" / "tokenizer.json")
+    return HFTokenizer(tokenizer_json())
 
 
 def _case(n_vq: int, name: str) -> tuple[dict[str, Any], PromptSpec, Path]:
@@ -206,7 +207,7 @@ def test_builder_tokenises_each_request_once_in_every_mode(tok: HFTokenizer) -> 
             Counting.calls += 1
             return super().encode(text)
 
-    counting = Counting(FIXTURES / "hf_checkpoint" / "tokenizer.json")
+    counting = Counting(tokenizer_json())
     _, spec, _ = _case(16, "continuation")
     b = PromptBuilder(counting, K16)
     b.build(spec, prefix=True)  # the first request also tokenises the template's pieces

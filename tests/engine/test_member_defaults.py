@@ -95,5 +95,5 @@ def test_generation_config_wins_over_the_table(tmp_path: Path, demo_model_dir: P
 
 def test_a_bundle_without_a_member_keeps_the_built_in_defaults(demo_model_dir: Path, bridge_lib: Any) -> None:
     cfg, info, _ = _loaded(demo_model_dir / "config.yaml")
-    assert info["model_kind"] is None
+    assert info["model_kind"] == "moss-tts"  # a config.json naming no member is MOSS-TTS 1.0
     assert _sampling(cfg) == {k: getattr(EngineConfig(), k) for k in TTSD}

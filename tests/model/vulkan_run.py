@@ -80,8 +80,13 @@ async def batched(e: Engine, removed: list[tuple[int, int]]) -> tuple[list[np.nd
             return np.concatenate([c.codes async for c in s])
 
     removed.clear()
-    tasks = [asyncio.create_task(rest(e.stream(BATCH_TEXTS[0], options=opts[0])))]
-    tasks += [asyncio.create_task(codes_of(e, t, o)) for t, o in zip(BATCH_TEXTS[1:4], opts[1:4], strict=True)]
+    # one at a time, each in a slot before the next is made: a request is prepared on a worker
+    # thread, so four started at once would reach the engine (and its slots) in any order
+    tasks: list[asyncio.Task[np.ndarray]] = []
+    for i, (t, o) in enumerate(zip(BATCH_TEXTS[:4], opts[:4], strict=True)):
+        tasks.append(asyncio.create_task(rest(e.stream(t, options=o)) if i == 0 else codes_of(e, t, o)))
+        while e.active_streams + e.queued_streams <= i:
+            await asyncio.sleep(0.001)
     short = await tasks[1]  # slot 1 is free from here; slots 0, 2 and 3 step on
     # keep the gap open until the engine has stepped slot 1 as a stand-in STAND_INS times
     # (the cells it removed say so), whatever the device's speed, then a fifth stream takes it

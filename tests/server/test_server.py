@@ -326,7 +326,7 @@ def test_voice_upload_and_use(server: Any) -> None:
     r2 = httpx.post(server.http + "/v1/voices", content=clip, timeout=60)
     assert r2.status_code == 200 and r2.json()["voice_id"] == v["voice_id"] and r2.json()["cached"]
     listed = httpx.get(server.http + "/v1/voices").json()["voices"]
-    assert {"voice_id": v["voice_id"], "name": "tone", "seconds": v["seconds"], "frames": v["frames"]} in listed
+    assert {"voice_id": v["voice_id"], "name": "tone", "seconds": v["seconds"], "frames": v["frames"], "n_vq": 32} in listed
     hits, misses = server.metric("streamtts_prefix_cache_hits"), server.metric("streamtts_prefix_cache_misses")
     r = asyncio.run(talk(server.ws, say(SHORT, voice=v["voice_id"])))
     assert r.ready is not None and r.ready["voice"] == v["voice_id"] and r.done is not None

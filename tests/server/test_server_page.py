@@ -71,7 +71,7 @@ def test_multipart_upload_like_curl_f(server: Any) -> None:
     raw = httpx.post(server.http + "/v1/voices", content=data, timeout=60)
     assert raw.status_code == 200 and raw.json()["voice_id"] == v["voice_id"] and raw.json()["cached"]
     listed = httpx.get(server.http + "/v1/voices", timeout=10).json()["voices"]
-    assert {"voice_id": v["voice_id"], "name": "alice", "seconds": v["seconds"], "frames": 32} in listed
+    assert {"voice_id": v["voice_id"], "name": "alice", "seconds": v["seconds"], "frames": 32, "n_vq": 32} in listed
 
 
 @pytest.mark.parametrize(
