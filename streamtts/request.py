@@ -25,6 +25,8 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     # SoundEffect's fields: with ambient_sound the text may be empty (the prompt says None)
     ambient_sound: str | None = None
     sound_event: str | None = None
+    # the "Scene" field of the prompt templates that have one (EngineConfig.prompt_template)
+    scene: str | None = None
     seed: int | None = None
     sampling: SamplingParams | None = None
     max_new_tokens: int | None = None

@@ -55,7 +55,12 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
         "--speaker", action="append", type=speaker_arg, metavar="S1=FILE", default=[],
         help="a dialogue's voice for the text's [S1] (repeat: --speaker S2=bob.wav ...); a clip or a .npy of codes",
     )  # fmt: skip
+    p.add_argument(
+        "--reference-codes", action="append", metavar="F.npy", default=[],
+        help="a pre-encoded voice, (T, n_vq) codes; repeat for a dialogue, in speaker order ([S1], [S2], ...)",
+    )  # fmt: skip
     p.add_argument("--prefix", metavar="FILE", help="audio to continue (a clip or a .npy of codes)")
+    p.add_argument("--prefix-codes", metavar="F.npy", help="pre-encoded audio to continue, (T, n_vq) codes")
     p.add_argument("--prefix-text", help="the --prefix audio's transcript (spoken before --text, as the official app does)")
     p.add_argument(
         "--language",
@@ -65,6 +70,7 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality", help="the prompt's quality field")
     p.add_argument("--ambient-sound", help="ambient sound to generate (SoundEffect); the text may then be empty")
     p.add_argument("--sound-event", help="the prompt's sound event field (SoundEffect)")
+    p.add_argument("--scene", help="the Scene field of a prompt template that has one (prompt_template: moss-ttsd-scene)")
     p.add_argument("--tokens", type=positive_int, help="desired duration in audio frames (12.5 per second)")
     p.add_argument("--seed", type=int, help="sampling seed (reproducible per request); default: random")
     p.add_argument("--max-new-tokens", type=positive_int, help="generation steps at most; default: the config's")
@@ -99,6 +105,7 @@ def _options(args: argparse.Namespace, engine: Any) -> Any:
         quality=args.quality,
         ambient_sound=args.ambient_sound,
         sound_event=args.sound_event,
+        scene=args.scene,
         tokens=args.tokens,
         seed=args.seed,
         sampling=sampling,
@@ -107,8 +114,28 @@ def _options(args: argparse.Namespace, engine: Any) -> Any:
     )
 
 
+def _codes_flags(args: argparse.Namespace) -> None:
+    """--reference-codes / --prefix-codes as the --reference, --speaker and --prefix they are:
+    one set of codes is the voice, several are the speakers [S1], [S2], ... in order."""
+    for path in [*args.reference_codes, *([args.prefix_codes] if args.prefix_codes else [])]:
+        if not path.lower().endswith(".npy"):
+            raise UsageError(f"{path}: --reference-codes and --prefix-codes take a .npy of (T, n_vq) codes")
+    if args.reference_codes:
+        if args.reference or args.speaker:
+            raise UsageError("--reference-codes and --reference/--speaker: give the voices one way")
+        if len(args.reference_codes) == 1:
+            args.reference = args.reference_codes[0]
+        else:
+            args.speaker = [(f"S{i + 1}", p) for i, p in enumerate(args.reference_codes)]
+    if args.prefix_codes:
+        if args.prefix:
+            raise UsageError("--prefix-codes and --prefix: give the audio to continue once")
+        args.prefix = args.prefix_codes
+
+
 def _check_request(args: argparse.Namespace) -> None:
     check_config(args)
+    _codes_flags(args)
     given = {f: (n, getattr(args, n)) for f, _, n, _ in SAMPLING_FLAGS if getattr(args, n) is not None}
     check_sampling(given)
     check_voice(args.reference, "--reference")

@@ -40,6 +40,9 @@ class Member:
     # caller gave it (the model card does not say)
     language_form: LanguageForm
     fields: tuple[str, ...]  # the prompt fields its model card uses
+    # its prompt template (core/prompt.py TEMPLATES): the GitHub processor's for every member;
+    # EngineConfig.prompt_template picks another (e.g. the unconfirmed "moss-ttsd-scene")
+    template: str = "moss"
 
     def sampling_defaults(self) -> dict[str, float | int]:
         """The sampling keys (EngineConfig / SamplingParams names) of this member's preset."""

@@ -70,6 +70,63 @@ class PromptSpec:
     language: str | None = None
     references: tuple[np.ndarray | None, ...] = ()
     prefix_codes: np.ndarray | None = None
+    scene: str | None = None  # only templates with a "Scene" line (TEMPLATES) take it
+
+
+# -- the user turn's field lines, per template ---------------------------------------------------
+#
+# A template is the list of "- Label:\n<value>" lines between "- Reference(s):" and "- Text:",
+# each naming the PromptSpec field it writes, or None for a line always written "None". A
+# member names its template (core/family.py); the engine config's ``prompt_template`` picks
+# another. A field a request sets that its template does not write is an error, never dropped.
+FIELDS: tuple[str, ...] = (
+    "instruction", "tokens", "quality", "sound_event", "ambient_sound", "language", "scene",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTemplate:
+    """One prompt template: its lines after ``- Reference(s):``, up to ``- Text:``."""
+
+    name: str
+    lines: tuple[tuple[str, str | None], ...]  # (label, PromptSpec field or None: "None")
+    confirmed: bool  # checked against the official processor's output (docs/family.md)
+    note: str
+
+    def fields(self) -> frozenset[str]:
+        return frozenset(f for _, f in self.lines if f is not None)
+
+
+_GITHUB_LINES: tuple[tuple[str, str | None], ...] = (
+    ("Instruction", "instruction"), ("Tokens", "tokens"), ("Quality", "quality"),
+    ("Sound Event", "sound_event"), ("Ambient Sound", "ambient_sound"), ("Language", "language"),
+)  # fmt: skip
+TEMPLATES: dict[str, PromptTemplate] = {
+    t.name: t
+    for t in (
+        PromptTemplate(
+            "moss", _GITHUB_LINES, True,
+            "the GitHub processor's (MossTTSDelayProcessor.build_user_message); every member's default",
+        ),
+        PromptTemplate(
+            "moss-ttsd-scene",
+            (("Instruction", "instruction"), ("Scene", "scene"), ("Tokens", None),
+             *_GITHUB_LINES[2:]),
+            False,
+            "MOSS-TTSD's checkpoint processor as a third party read it: a Scene line, Tokens "
+            "always None (unconfirmed: docs/family.md says how to check it)",
+        ),
+    )
+}  # fmt: skip
+DEFAULT_TEMPLATE = "moss"
+
+
+def template(name: str) -> PromptTemplate:
+    """The template called ``name``; an unknown name is a ConfigError listing the known ones."""
+    try:
+        return TEMPLATES[name]
+    except KeyError:
+        raise ConfigError(f"unknown prompt_template {name!r}; known: {', '.join(TEMPLATES)}") from None
 
 
 def _special(tokenizer: TextTokenizer, token_id: int, role: str) -> str:
@@ -134,13 +191,20 @@ def _field(value: object) -> str:
     return "None" if value is None else str(value)
 
 
-def build_prompt(tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec) -> np.ndarray:
+def build_prompt(
+    tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec, tmpl: PromptTemplate | None = None
+) -> np.ndarray:
     """Build the (S, 1 + n_vq) int64 prompt for ``spec`` (see :func:`build_prompt_ex`)."""
-    return build_prompt_ex(tokenizer, ids, spec)[0]
+    return build_prompt_ex(tokenizer, ids, spec, tmpl=tmpl)[0]
 
 
 def build_prompt_ex(
-    tokenizer: TextTokenizer, ids: TokenIds, spec: PromptSpec, *, prefix: bool = False
+    tokenizer: TextTokenizer,
+    ids: TokenIds,
+    spec: PromptSpec,
+    *,
+    prefix: bool = False,
+    tmpl: PromptTemplate | None = None,
 ) -> tuple[np.ndarray, int]:
     """Build the (S, 1 + n_vq) int64 prompt for ``spec``, and with ``prefix`` the number
     of its leading rows that do not depend on the text (everything up to ``- Text:\n``;
@@ -152,9 +216,10 @@ def build_prompt_ex(
     ``MAX_SPEAKERS`` references, a speaker tag without a voice, a bad ``tokens`` value, or
     fields containing the model's special-token strings (they would be tokenised as control
     tokens); :class:`ConfigError` when the tokenizer lacks the special ids or does not treat
-    them as single tokens.
+    them as single tokens. ``tmpl``: the template (default: ``TEMPLATES["moss"]``); a field
+    it does not write is an InputError.
     """
-    built = _build(tokenizer, ids, spec, tokenizer.encode, prefix=prefix, count_text=False)
+    built = _build(tokenizer, ids, spec, tokenizer.encode, prefix=prefix, count_text=False, tmpl=tmpl)
     return built.rows, built.prefix_rows
 
 
@@ -181,9 +246,16 @@ class PromptBuilder:
     ``cache_size``), so a request costs one ``encode``, of its whole prompt.
     """
 
-    def __init__(self, tokenizer: TextTokenizer, ids: TokenIds, cache_size: int = 64) -> None:
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        ids: TokenIds,
+        cache_size: int = 64,
+        tmpl: PromptTemplate | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.ids = ids
+        self.template = tmpl or TEMPLATES[DEFAULT_TEMPLATE]
         self._fixed = functools.lru_cache(maxsize=cache_size)(self._encode_fixed)
 
     def _encode_fixed(self, piece: str) -> tuple[int, ...]:
@@ -192,7 +264,9 @@ class PromptBuilder:
     def build(self, spec: PromptSpec, *, prefix: bool = False) -> BuiltPrompt:
         """The prompt for ``spec`` (errors as :func:`build_prompt_ex`); ``text_rows`` always,
         ``prefix_rows`` with ``prefix``."""
-        return _build(self.tokenizer, self.ids, spec, self._fixed, prefix=prefix, count_text=True)
+        return _build(
+            self.tokenizer, self.ids, spec, self._fixed, prefix=prefix, count_text=True, tmpl=self.template
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +304,7 @@ def _check_fields(spec: PromptSpec, text: str | None, markers: _Markers) -> None
         "sound_event": spec.sound_event,
         "ambient_sound": spec.ambient_sound,
         "language": spec.language,
+        "scene": spec.scene,
     }
     for name, value in fields.items():
         if value is None:
@@ -237,6 +312,26 @@ def _check_fields(spec: PromptSpec, text: str | None, markers: _Markers) -> None
         for sp in markers.all:
             if sp in str(value):
                 raise InputError(f"{name} contains the special token string {sp!r}")
+
+
+def field_lines(spec: PromptSpec, tmpl: PromptTemplate) -> str:
+    """The template's lines between ``- Reference(s):`` and ``- Text:`` for ``spec``, as the
+    prompt's text holds them (to compare with a processor's user message)."""
+    return "".join(
+        f"- {label}:\n{_field(None if name is None else getattr(spec, name))}\n"
+        for label, name in tmpl.lines
+    )
+
+
+def check_template_fields(tmpl: PromptTemplate, values: object) -> None:
+    """A field set (an attribute of ``values`` named in FIELDS: a PromptSpec, StreamOptions)
+    that the template does not write would be dropped silently: an InputError naming it."""
+    unused = [f for f in FIELDS if getattr(values, f, None) is not None and f not in tmpl.fields()]
+    if unused:
+        raise InputError(
+            f"{', '.join(unused)}: not a field of the prompt template {tmpl.name!r} "
+            f"(its fields: {', '.join(sorted(tmpl.fields()))}; EngineConfig.prompt_template picks another)"
+        )
 
 
 def _build(
@@ -247,9 +342,12 @@ def _build(
     *,
     prefix: bool,
     count_text: bool,
+    tmpl: PromptTemplate | None = None,
 ) -> BuiltPrompt:
     """The prompt; ``encode_fixed`` tokenises the pieces that do not hold the text."""
+    tmpl = tmpl or TEMPLATES[DEFAULT_TEMPLATE]
     text = _check_text(spec)
+    check_template_fields(tmpl, spec)
     if spec.tokens is not None and (
         isinstance(spec.tokens, bool) or not isinstance(spec.tokens, int) or spec.tokens < 1
     ):
@@ -271,13 +369,8 @@ def _build(
     head = (
         f"{mk.im_start}user\n<user_inst>\n"
         f"- Reference(s):\n{ref_str}\n"
-        f"- Instruction:\n{_field(spec.instruction)}\n"
-        f"- Tokens:\n{_field(spec.tokens)}\n"
-        f"- Quality:\n{_field(spec.quality)}\n"
-        f"- Sound Event:\n{_field(spec.sound_event)}\n"
-        f"- Ambient Sound:\n{_field(spec.ambient_sound)}\n"
-        f"- Language:\n{_field(spec.language)}\n"
-        f"- Text:\n"
+        + field_lines(spec, tmpl)
+        + "- Text:\n"
     )
     n_cont = 0 if cont is None else cont.shape[0]
     # continuation: the assistant turn's audio block up to its last gen slot (the official

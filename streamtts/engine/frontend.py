@@ -29,6 +29,7 @@ from .sink import StreamSink
 from .timed import ChunkTimer, wants_timestamps
 
 if TYPE_CHECKING:
+    from ..core.prompt import PromptTemplate
     from .long_text import LongTextStream
 
 log = logging.getLogger(__name__)
@@ -356,6 +357,12 @@ class Engine:
         return await asyncio.to_thread(self._preparer.encode_voice, reference, sample_rate, name)
 
     # -- introspection --------------------------------------------------------------------------
+    @property
+    def prompt_template(self) -> PromptTemplate:
+        """The template every prompt is built with (``prompt_template``; core/prompt.py)."""
+        self._require_started()
+        return self._preparer.prompts.template
+
     @property
     def model_kind(self) -> str:
         """The family member loaded (``moss-tts``, ``moss-ttsd``, ...; core/family.py)."""

@@ -25,7 +25,7 @@ from ..codec import AudioEncoder
 from ..config import EngineConfig
 from ..constants import FRAME_S, MAX_TEXT_CHARS
 from ..core.family import DEFAULT_KIND, MEMBERS, Member, language_for
-from ..core.prompt import PromptBuilder, PromptSpec, TextTokenizer
+from ..core.prompt import PromptBuilder, PromptSpec, TextTokenizer, template
 from ..core.speakers import check_speakers
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
@@ -84,13 +84,13 @@ class Preparer:
         self.cfg = cfg
         self.ids = ids
         self.tokenizer = tokenizer
-        self.prompts = PromptBuilder(tokenizer, ids)
+        self.member = member or MEMBERS[DEFAULT_KIND]
+        self.prompts = PromptBuilder(tokenizer, ids, tmpl=template(cfg.prompt_template or self.member.template))
         self.embedder = embedder
         self._encoder_factory = encoder_factory
         self._encoder: AudioEncoder | None = None
         self._encoder_lock = threading.Lock()
         self.n_ctx_seq = n_ctx_seq
-        self.member = member or MEMBERS[DEFAULT_KIND]
 
     # -- reference voices -----------------------------------------------------------------
     def encoder(self) -> AudioEncoder:
@@ -231,6 +231,7 @@ class Preparer:
             sound_event=options.sound_event,
             ambient_sound=options.ambient_sound,
             language=language,
+            scene=options.scene,
             references=refs,
             prefix_codes=None if start is None else start.codes,
         )

@@ -74,6 +74,7 @@ class Start(msgspec.Struct, tag="start", kw_only=True, forbid_unknown_fields=Tru
     tokens: int | None = None  # the prompt's duration field (audio frames), per segment
     ambient_sound: str | None = None  # with it, a session without text makes one sound
     sound_event: str | None = None
+    scene: str | None = None  # a prompt template's Scene field (prompt_template: moss-ttsd-scene)
     seed: int | None = None
     sampling: SamplingParams | None = None
     format: str | None = None  # see streamtts.audio.formats.FORMATS (default pcm_s16le_24000)

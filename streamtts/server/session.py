@@ -802,6 +802,7 @@ class Session:
             tokens=msg.tokens,
             ambient_sound=msg.ambient_sound,
             sound_event=msg.sound_event,
+            scene=msg.scene,
             seed=msg.seed,
             sampling=sampling,
             max_new_tokens=mnt,

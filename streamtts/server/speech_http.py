@@ -40,6 +40,7 @@ from starlette.types import Send
 from ..config import SamplingParams
 from ..constants import FRAME_RATE, SAMPLE_RATE
 from ..core.family import language_for
+from ..core.prompt import check_template_fields
 from ..core.speakers import check_speakers
 from ..engine.dialogue import speaker_tuple
 from ..engine.segmented import (
@@ -85,6 +86,7 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
     tokens: int | None = None
     ambient_sound: str | None = None
     sound_event: str | None = None
+    scene: str | None = None
     speakers: dict[str, str] | None = None
     prefix: str | None = None
     prefix_text: str | None = None
@@ -347,11 +349,17 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
         tokens=req.tokens,
         ambient_sound=req.ambient_sound,
         sound_event=req.sound_event,
+        scene=req.scene,
         seed=req.seed,
         max_new_tokens=mnt,
         sampling=sampling,
         timestamps=None if req.timestamps in (None, "none") else req.timestamps,
     )
+    try:  # before anything is generated: every segment would fail on it
+        check_template_fields(state.engine.prompt_template, options)
+    except InputError as exc:
+        field = str(exc).split(":", 1)[0].split(",")[0]
+        raise SpeechRequestError(ErrorCode.INVALID_OPTION, field, str(exc)) from None
     return options, reference
 
 

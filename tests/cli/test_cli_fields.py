@@ -83,12 +83,17 @@ def test_synth_a_sound_without_text(demo_model_dir: Path, tmp_path: Path) -> Non
         (["--speaker", "S1={npy}", "--speaker", "s1={npy}"], ["--speaker S1 is given twice"]),
         (["--prefix", "{floats}"], ["--prefix", "must be integers"]),
         (["--prefix-text", "Before"], ["--prefix-text is the transcript of --prefix"]),
+        (["--reference-codes", "{wav}"], ["--reference-codes and --prefix-codes take a .npy"]),
+        (["--prefix-codes", "{wav}"], ["--reference-codes and --prefix-codes take a .npy"]),
+        (["--reference-codes", "{npy}", "--reference", "{npy}"], ["--reference-codes and --reference/--speaker"]),
+        (["--prefix-codes", "{npy}", "--prefix", "{npy}"], ["--prefix-codes and --prefix"]),
+        (["--reference-codes", "{floats}"], ["--reference", "must be integers"]),
     ],
 )
 def test_bad_voice_arguments_before_loading(codes_npy: Path, tmp_path: Path, args: list[str], needles: list[str]) -> None:
     floats = tmp_path / "floats.npy"
     np.save(floats, np.zeros((4, 32)))
-    args = [a.format(npy=codes_npy, floats=floats) for a in args]
+    args = [a.format(npy=codes_npy, floats=floats, wav=tmp_path / "x.wav") for a in args]
     if "--text" not in args:
         args = ["--text", "[S1] Hi.", *args]
     one_line(synth(*args, "--out", str(tmp_path / "x.wav"), env=NO_ENGINE), *needles)
@@ -114,3 +119,33 @@ def test_synth_continues_a_prefix_of_codes(demo_model_dir: Path, codes_npy: Path
     ids = load_token_ids(find_model_config(load_config(demo_model_dir / "config.yaml")))
     assert np.all(prompt[-6:, 0] == ids.gen_slot)
     assert np.array_equal(prompt[-6:, 1], np.load(codes_npy)[:, 0])  # codebook 0 is not delayed
+
+
+def test_reference_codes_in_speaker_order_and_prefix_codes(demo_model_dir: Path, codes_npy: Path, tmp_path: Path) -> None:
+    """--reference-codes twice: the voices of [S1] and [S2], in that order; --prefix-codes: the
+    audio continued (the prompt ends on its gen-slot rows)."""
+    other = tmp_path / "bob.npy"
+    np.save(other, np.random.default_rng(1).integers(0, 1024, (5, 32)))
+    p = tmp_path / "p.npy"
+    res = synth("--text", "[S1] Hi. [S2] Hello.", "--reference-codes", str(codes_npy), "--reference-codes", str(other),
+                "--prefix-codes", str(codes_npy), "--out", str(tmp_path / "d.wav"), "--prompt-out", str(p),
+                config=demo_model_dir / "config.yaml")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    prompt = np.load(p)
+    text = HFTokenizer(load_config(demo_model_dir / "config.yaml").tokenizer_dir).decode([int(t) for t in prompt[:, 0]])
+    assert text.index("[S1]:") < text.index("[S2]:") < text.index("- Instruction:")
+    col0 = prompt[:, 1]
+
+    def at(codes: np.ndarray) -> list[int]:
+        n = codes.shape[0]
+        return [i for i in range(len(col0) - n + 1) if np.array_equal(col0[i : i + n], codes[:, 0])]
+
+    alice, bob = at(np.load(codes_npy)), at(np.load(other))
+    assert len(alice) == 2 and len(bob) == 1  # S1's block and the prefix; S2's block
+    assert alice[0] < bob[0] < alice[1] == len(col0) - 6  # S1, S2, then the prefix ending the prompt
+
+
+def test_scene_is_refused_by_the_default_template(demo_model_dir: Path, tmp_path: Path) -> None:
+    res = synth("--text", "Hi.", "--scene", "a studio", "--out", str(tmp_path / "x.wav"),
+                config=demo_model_dir / "config.yaml")  # fmt: skip
+    one_line(res, "scene: not a field of the prompt template 'moss'")

@@ -203,3 +203,22 @@ def test_sync_engine_takes_the_same_arguments(demo_model_dir: Path) -> None:
         assert chunks and tts.engine.model_kind == "moss-tts"
         rows = np.concatenate([c.rows for c in chunks if c.rows is not None])
         assert rows.shape[1] == 33 and rows.shape[0] >= 1
+
+
+def test_the_configs_prompt_template_writes_the_scene(demo_model_dir: Path) -> None:
+    """``prompt_template`` in the engine config picks the template every prompt is built with;
+    an unknown one fails the load, naming the known ones."""
+    from streamtts.core.prompt import HFTokenizer
+    from streamtts.errors import ConfigError
+
+    with SyncEngine(demo_model_dir / "config.yaml", max_streams=1, n_threads=2, warmup=False,
+                    prompt_template="moss-ttsd-scene") as tts:  # fmt: skip
+        with pytest.raises(InputError, match="tokens: not a field of the prompt template 'moss-ttsd-scene'"):
+            list(tts.stream("Hi.", options=StreamOptions(seed=1, max_new_tokens=36, tokens=20)))
+        got = list(tts.stream("Hi.", options=StreamOptions(seed=1, max_new_tokens=36, scene="a quiet studio", rows=True)))
+        assert got
+        prompt = tts.engine._preparer.prompts.build(PromptSpec(text="Hi.", scene="a quiet studio")).rows
+        text = HFTokenizer(tts.engine.config.tokenizer_dir).decode([int(t) for t in prompt[:, 0]])
+        assert "- Scene:\na quiet studio\n- Tokens:\nNone\n" in text
+    with pytest.raises(ConfigError, match="unknown prompt_template 'nope'"):
+        SyncEngine(demo_model_dir / "config.yaml", max_streams=1, n_threads=2, warmup=False, prompt_template="nope")

@@ -186,3 +186,15 @@ def test_http_bad_fields_are_named(server: Any, voice_id: str, body: dict[str, A
     err = r.json()["error"]
     assert (err["code"], err["param"]) == (code, param), err
     assert server.health()["status"] == "ok"
+
+
+def test_a_field_the_prompt_template_lacks_is_named(server: Any) -> None:
+    """`scene` under the default template (no Scene line): refused naming the field, over
+    WebSocket (an error for the segment; the session goes on) and HTTP (a 400)."""
+    msgs, _ = ws_run(server, {"scene": "a studio", "seed": 1}, "Hi there.")
+    errors = [m for m in msgs if m["type"] == "error"]
+    assert errors and "scene: not a field of the prompt template 'moss'" in errors[0]["message"], msgs
+    assert not errors[0]["fatal"] and msgs[-1]["type"] == "done"
+    r = speech(server, input="Hi there.", scene="a studio")
+    assert r.status_code == 400 and "scene: not a field of the prompt template" in r.text, r.text
+    assert server.health()["status"] == "ok"
