@@ -14,7 +14,7 @@ from streamtts import Engine
 from streamtts.config import SamplingParams
 from streamtts.errors import OverloadedError, QueueTimeoutError
 from streamtts.model.backbone import Backbone
-from streamtts.request import StreamOptions
+from streamtts.request import StreamOptions, Voice
 
 TEXTS = [
     "Hello there, this is stream one.",
@@ -394,3 +394,54 @@ def test_slots_between_stepped_streams_get_stand_in_rows(demo_model_dir: Path) -
         for key in keys:
             r, q = solo.rows[key], joined.rows[key]
             np.testing.assert_allclose(q, r, rtol=0, atol=1e-6 * max(1.0, float(np.abs(r).max())), err_msg=str(key[1] - p0))
+
+
+@pytest.mark.determinism
+def test_a_dialogue_and_a_plain_stream_batch_together(demo_model_dir: Path) -> None:
+    """One member's dialogue (two speakers' voices in its prompt) and a plain stream share the
+    engine's decode calls, and each gives (greedy) the codes it gives alone."""
+    greedy = SamplingParams.greedy()
+    rng = np.random.default_rng(3)
+    speakers = {"S1": Voice.from_codes(rng.integers(0, 1024, (6, 32))),
+                "S2": Voice.from_codes(rng.integers(0, 1024, (4, 32)))}  # fmt: skip
+    dialogue = "[S1] Hello there, how are you? [S2] Fine, thanks, and you?"
+    plain = "Numbers: one, two, three, four."
+    shared: list[int] = []  # decode calls holding rows of both slots
+
+    def recording(params: Any) -> Backbone:
+        b = Backbone(params)
+        real_bind, real_decode = b.bind, b.decode_bound
+        seq: list[Any] = []
+
+        def bind(embd: Any, pos: Any, seq_buf: Any, *rest: Any) -> None:
+            seq[:] = [seq_buf]
+            real_bind(embd, pos, seq_buf, *rest)
+
+        def decode_bound(n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+            if len({int(x) for x in seq[0][:n_rows]}) > 1:
+                shared.append(n_rows)
+            return real_decode(n_rows, want_hidden, out_offset)
+
+        b.bind = bind  # type: ignore[method-assign]
+        b.decode_bound = decode_bound  # type: ignore[method-assign]
+        return b
+
+    async def main() -> tuple[list[np.ndarray], list[np.ndarray]]:
+        e = engine(demo_model_dir, max_streams=2, prefix_cache_mib=0)
+        e.backbone_factory = recording
+        async with e:
+            o1 = StreamOptions(seed=1, sampling=greedy, fixed_frames=30)
+            o2 = StreamOptions(seed=2, sampling=greedy, fixed_frames=30)
+            alone = [(await e.generate(dialogue, speakers=speakers, options=o1)).codes,
+                     (await e.generate(plain, options=o2)).codes]  # fmt: skip
+            shared.clear()
+            together = await asyncio.gather(
+                e.generate(dialogue, speakers=speakers, options=o1), e.generate(plain, options=o2)
+            )
+            return alone, [t.codes for t in together]
+
+    alone, together = asyncio.run(main())
+    assert len(shared) >= 10, "the two streams did not step in the same decode calls"
+    for a, t in zip(alone, together, strict=True):
+        assert a.shape == (30, 32)
+        np.testing.assert_array_equal(a, t)
