@@ -64,6 +64,7 @@ from streamtts.core.tokens import load_token_ids
 from streamtts.demo.codec import write_codec
 from streamtts.demo.random_quant import SHAPES, write_model
 from streamtts.model.backbone import Backbone, BackboneParams
+from streamtts.model.fused import fused_columns
 from streamtts.model.tables import AudioHeads
 
 HERE = Path(__file__).resolve().parent
@@ -188,10 +189,10 @@ def bare_threads(cfg_path: Path, gguf: str, thread_counts: list[int], at: int = 
         row: dict[str, Any] = {"threads": t}
         with Backbone(p) as bb, threadpool_limits(1, user_api="blas"):
             h = bb.n_embd
-            bb.set_logit_columns(np.asarray([ids.gen_slot, ids.delay_slot], np.int32))
+            bb.set_logit_columns(fused_columns(bb, ids))  # the text rows only file: its 2 rows
             embd = rng.standard_normal((at, h), dtype=np.float32) * 0.5
             pos, seq, flags = np.zeros(at, np.int32), np.zeros(at, np.int32), np.zeros(at, np.int8)
-            hidden, logits = np.zeros((4, h), np.float32), np.zeros((4, 2), np.float32)
+            hidden, logits = np.zeros((4, h), np.float32), np.zeros((4, bb.n_logit_columns), np.float32)
             bb.bind(embd, pos, seq, flags, hidden, logits)
             for s in range(4):  # fill: `at` rows of each sequence
                 pos[:] = np.arange(at, dtype=np.int32)
