@@ -20,7 +20,9 @@ Step by step:
 2. The engine, each run a fresh process: ``streamtts bench --kernel-bound`` (``--n-threads
    --threads``) at 1 stream and at 4 streams, ``--frames`` frames per stream, on each
    config, repetitions interleaved (order alternating). Per run: the engine's ms per step
-   (median over its streams of the ticks' wall time per step), TTFA p50, RTF p50 and its
+   (median over its streams of the ticks' wall time per step; that counts the tick of the
+   stream's prefill, so also the decode steps alone: minus N bare prefills, over one step
+   fewer), TTFA p50, RTF p50 and its
    per-step profile (embed / backbone / heads / sampling / other / codec wait); then, the
    engine closed, the bare side of the same file (the one the engine ran: text rows only)
    with the same threads: an N-row ``llama_decode`` + the audio heads at the positions the
@@ -140,10 +142,17 @@ def bench_run(cfg: Path, streams: int, frames: int, threads: int) -> dict[str, A
     lv = res["levels"][0]
     kb = res["kernel_bound"]
     k = {x["concurrency"]: x for x in kb["levels"]}[streams]
+    # a stream's ms per step counts its prompt's tick too (the first row it samples comes out of
+    # the prefill): without it, the decode steps alone, taking the bare prefill of the computed
+    # rows for that tick (N prompts in one tick at N streams)
+    steps = frames + N_VQ - 1
+    decode_ms = (lv["ms_per_step_p50"] * steps - streams * kb["prefill_ms"]) / (steps - 1)
     return {
         "engine_step_ms": lv["ms_per_step_p50"],
+        "engine_decode_step_ms": round(decode_ms, 3),
         "bare_step_ms": k["step_ms"],
         "step_ratio": round(lv["ms_per_step_p50"] / k["step_ms"], 3),
+        "decode_step_ratio": round(decode_ms / k["step_ms"], 3),
         "ttfa_ms": lv["ttfa_ms_p50"],
         "bare_ttfa_ms": k["ttfa_ms"],  # prefill of the computed rows + n_vq bare steps
         "bare_prefill_ms": kb["prefill_ms"],
