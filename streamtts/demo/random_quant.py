@@ -35,6 +35,9 @@ SHAPES = {
     # Qwen3-8B (config.json: hidden 4096, 36 layers, 32 heads, 8 KV heads, head_dim 128,
     # intermediate 12288, vocab 151936): MOSS-TTS-Delay's backbone.
     "8b": Shape(4096, 36, 32, 8, 128, 12288, V_TEXT, n_ctx_train=40960),
+    # Qwen3-1.7B (hidden 2048, 28 layers, 16 heads, 8 KV heads, head_dim 128, intermediate
+    # 6144, vocab 151936): MOSS-VoiceGenerator's backbone (benchmarks/family_voicegen.py).
+    "1.7b": Shape(2048, 28, 16, 8, 128, 6144, V_TEXT, n_ctx_train=40960),
     # Same structure, CPU-sized: every K dimension a multiple of 256 (K-quant blocks).
     "tiny": Shape(256, 2, 4, 2, 64, 512, V_TEXT, n_ctx_train=40960),
 }
