@@ -92,13 +92,8 @@ else
     RAW="$(ls "$WHEEL_DIR"/raw/streamtts-*.whl)"
     say "    built $(basename "$RAW") in $BUILD_S s; repairing with auditwheel"
     "$TOOLS/bin/auditwheel" show "$RAW" >"$WHEEL_DIR/auditwheel-show.txt" 2>&1 || true
-    PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair --plat "$("$TOOLS/bin/python" - "$WHEEL_DIR/auditwheel-show.txt" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-m = re.search(r'"(manylinux_\d+_\d+_x86_64)"', text)
-print(m.group(1) if m else "auto")
-PY
-)" -w "$WHEEL_DIR" "$RAW" >"$WHEEL_DIR/repair.log" 2>&1 \
+    # the default platform (auto): the most compatible manylinux tag this build allows
+    PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair -w "$WHEEL_DIR" "$RAW" >"$WHEEL_DIR/repair.log" 2>&1 \
         || { tail -n 20 "$WHEEL_DIR/repair.log" >&2; die "auditwheel repair failed (log: $WHEEL_DIR/repair.log)"; }
     rm -rf -- "$WHEEL_DIR/raw"
     WHEEL="$(wheel_file)"
@@ -121,6 +116,19 @@ if missing:
     sys.exit(f"error: the wheel lacks {missing}")
 print("    libraries:", " ".join(n.rsplit("/", 1)[1] for n in libs))
 PY
+# portable outside the CPU variants: no AVX (ymm) or AVX-512 (zmm) register in the bridge,
+# libllama or ggml's core, which every CPU loads
+if command -v objdump >/dev/null; then
+    X="$(mktemp -d "${TMPDIR:-/tmp}/streamtts-wheel-libs.XXXXXX")"
+    "$TOOLS/bin/python" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$WHEEL" "$X"
+    for lib in "$X"/streamtts/lib/libstreamtts_bridge.so "$X"/streamtts/lib/libllama.so \
+               "$X"/streamtts/lib/libggml.so "$X"/streamtts/lib/libggml-base.so; do
+        n="$(objdump -d --no-show-raw-insn "$lib" | grep -c '%[yz]mm' || true)"
+        [[ "$n" == 0 ]] || { rm -rf -- "$X"; die "$(basename "$lib") has $n AVX/AVX-512 instructions: it would die on an older CPU"; }
+    done
+    rm -rf -- "$X"
+    echo "    no AVX/AVX-512 instruction outside the libggml-cpu-<variant>.so modules"
+fi
 if [[ $ONLY_BUILD == 1 ]]; then
     echo "$WHEEL"
     exit 0
@@ -170,6 +178,18 @@ BRIDGE_LINE="$(grep -m1 'llama.cpp bridge:' "$TMP/synth.log" || true)"
 VARIANT="$(sed -n 's/.*CPU backend \(libggml-cpu[^ ;,]*\.so\).*/\1/p' <<<"$BRIDGE_LINE")"
 [[ "$VARIANT" == libggml-cpu-*.so ]] || die "no runtime-chosen CPU variant in: $BRIDGE_LINE"
 say "    x.wav: $WAV_B bytes in $SYNTH_S s; CPU backend: $VARIANT"
+
+# the oldest CPU's path: the same libraries with only the plain x86-64 variant left
+SITE_LIB="$(dirname "$(sed -n 's/.*llama.cpp bridge: \(\/[^ ]*libstreamtts_bridge\.so\).*/\1/p' <<<"$BRIDGE_LINE")")"
+mkdir -p "$TMP/x64lib"
+cp -a "$SITE_LIB"/. "$TMP/x64lib/"
+find "$TMP/x64lib" -name 'libggml-cpu-*.so' ! -name 'libggml-cpu-x64.so' -delete
+(cd "$TMP/work" && nocc HOME="$TMP/home" STREAMTTS_BRIDGE_LIB="$TMP/x64lib/libstreamtts_bridge.so" \
+    "$TMP/venv/bin/streamtts" -v synth --text "Hello." --out "$TMP/work/x64.wav" </dev/null >"$TMP/synth-x64.log" 2>&1) \
+    || { tail -n 30 "$TMP/synth-x64.log" >&2; die "streamtts synth failed with only the x64 CPU variant"; }
+[[ -s "$TMP/work/x64.wav" ]] && grep -q 'CPU backend libggml-cpu-x64.so' "$TMP/synth-x64.log" \
+    || { tail -n 20 "$TMP/synth-x64.log" >&2; die "the x64-only run did not use libggml-cpu-x64.so"; }
+say "    with only libggml-cpu-x64.so (any x86-64): x64.wav $(stat -c %s "$TMP/work/x64.wav") bytes"
 {
     cat "$WHEEL_DIR/build.txt" 2>/dev/null || true
     echo "wheel=$(basename "$WHEEL")"
