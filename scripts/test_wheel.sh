@@ -77,7 +77,7 @@ else
     if [[ -d "$BUILD_DIR" ]]; then
         say "[2/4] building the wheel (llama.cpp build tree cached in $BUILD_DIR: packaging only, under a minute)"
     else
-        say "[2/4] building the wheel from scratch: llama.cpp with all 14 of ggml's x86-64 CPU variants (measured: about 10 min on 2 busy cores)"
+        say "[2/4] building the wheel from scratch: llama.cpp with 13 of ggml's x86-64 CPU variants (measured: about 10 min on 2 busy cores)"
     fi
     rm -rf -- "$WHEEL_DIR"
     mkdir -p "$WHEEL_DIR/raw"

@@ -5,7 +5,7 @@ repairs it with auditwheel, installs it into a fresh virtualenv whose PATH has n
 and runs ``streamtts synth`` from a fresh HOME, checking that the bridge came from the wheel
 and that ggml picked a CPU variant at run time. The wheel is cached outside the checkout by
 a hash of its inputs (scripts/test.sh builds it first, with progress, so this test finds it);
-a cold cache compiles llama.cpp's 14 CPU variants (about 10 min on 2 cores).
+a cold cache compiles llama.cpp's 13 CPU variants (about 10 min on 2 cores).
 """
 
 from __future__ import annotations
