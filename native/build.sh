@@ -391,13 +391,21 @@ note "build folder: $OUT"
 step 3 "configuring llama.cpp and the bridge (cmake; seconds)"
 LOG="$OUT/cmake-configure.log"
 CONF_STAMP="$OUT/configure.stamp"
-if [[ -f "$BUILD/CMakeCache.txt" && -f "$CONF_STAMP" && "$(cat "$CONF_STAMP")" == "$KEY_TEXT" ]]; then
+# the source, as the CMake project finds it: the named tree, or the sdist it unpacked into
+# the cache (then the bridge's version line says llama-cpp-python==<version>)
+if [[ -n "${LLAMA_CPP_DIR:-}" ]]; then
+    SRC_ARGS=("-DLLAMA_CPP_DIR=$LLAMA_DIR")
+else
+    SRC_ARGS=(-DLLAMA_CPP_DIR= "-DSTREAMTTS_SOURCE_CACHE=$NATIVE_DIR/src")
+fi
+CONF_TEXT="$KEY_TEXT|${SRC_ARGS[*]}"
+if [[ -f "$BUILD/CMakeCache.txt" && -f "$CONF_STAMP" && "$(cat "$CONF_STAMP")" == "$CONF_TEXT" ]]; then
     note "already configured"
 else
     : >"$LOG"
     rm -f "$CONF_STAMP"
-    run_logged cmake -S "$REPO" -B "$BUILD" "${GENERATOR[@]}" "${CMAKE_OPTS[@]}" "-DLLAMA_CPP_DIR=$LLAMA_DIR"
-    printf '%s' "$KEY_TEXT" >"$CONF_STAMP"
+    run_logged cmake -S "$REPO" -B "$BUILD" "${GENERATOR[@]}" "${CMAKE_OPTS[@]}" "${SRC_ARGS[@]}"
+    printf '%s' "$CONF_TEXT" >"$CONF_STAMP"
     note "configured (log: $LOG)"
 fi
 if [[ "$ACTION" == configure ]]; then
