@@ -25,9 +25,13 @@
  * and guarded by a mutex.
  */
 
+#define _GNU_SOURCE /* dladdr */
 #include <llama.h>
 #include <ggml.h>
+#include <ggml-backend.h>
 #include <ggml-cpu.h>
+
+#include <dlfcn.h>
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -173,11 +177,45 @@ static int log_errors_since(uint64_t since, char *dst, size_t n) {
     return count;
 }
 
+/* The CPU backend's threadpool functions, looked up through its registry entry: in a
+ * GGML_BACKEND_DL build (the wheel) the CPU backend is a module loaded at run time
+ * (libggml-cpu-<variant>.so), not a library the bridge links against. */
+typedef ggml_threadpool_t (*stt_tp_new_fn)(struct ggml_threadpool_params *);
+typedef void (*stt_tp_free_fn)(ggml_threadpool_t);
+static stt_tp_new_fn  g_tp_new;
+static stt_tp_free_fn g_tp_free;
+static char           g_cpu_backend[1024]; /* file of the CPU backend in use */
+
+/* A GGML_BACKEND_DL build registers no backend by itself: load them (the best CPU variant
+ * this CPU runs, GPU backends that initialise) from the bridge's own folder, where the build
+ * puts them. A build with the backends linked in has the CPU device already. */
+static void load_backends(void) {
+    Dl_info info;
+    if (ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL) {
+        char dir[1024] = "";
+        if (dladdr((void *)&load_backends, &info) != 0 && info.dli_fname != NULL) {
+            snprintf(dir, sizeof dir, "%s", info.dli_fname);
+            char *slash = strrchr(dir, '/');
+            if (slash != NULL) *slash = '\0'; else dir[0] = '\0';
+        }
+        ggml_backend_load_all_from_path(dir[0] != '\0' ? dir : NULL);
+    }
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (cpu == NULL) return; /* stt_create says so when it needs the CPU threadpool */
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
+    g_tp_new  = (stt_tp_new_fn)ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new");
+    g_tp_free = (stt_tp_free_fn)ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_free");
+    if (g_tp_new != NULL && dladdr((void *)g_tp_new, &info) != 0 && info.dli_fname != NULL) {
+        snprintf(g_cpu_backend, sizeof g_cpu_backend, "%s", info.dli_fname);
+    }
+}
+
 static void stt_init_once(void) {
     const char *env = getenv("STREAMTTS_LLAMA_LOG");
     g_log_forward = (env != NULL && (env[0] == '1' || env[0] == '2')) ? env[0] - '0' : 0;
     llama_log_set(stt_log_cb, NULL); /* also sets ggml's callback */
     llama_backend_init();
+    load_backends();
 }
 
 /* ---- small helpers --------------------------------------------------------------------- */
@@ -348,9 +386,16 @@ STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
     if (p->poll >= 0) {
         int n_pool = (int)cp.n_threads;
         if ((int)cp.n_threads_batch > n_pool) n_pool = (int)cp.n_threads_batch;
+        if (g_tp_new == NULL || g_tp_free == NULL) {
+            *status = STT_E_CONTEXT;
+            out_err(err, err_len, "no CPU backend with a threadpool (ggml_threadpool_new) was "
+                    "loaded; is a libggml-cpu*.so next to the bridge?");
+            stt_free(c);
+            return NULL;
+        }
         struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_pool);
         tpp.poll = (uint32_t)p->poll;
-        c->threadpool = ggml_threadpool_new(&tpp);
+        c->threadpool = g_tp_new(&tpp);
         if (c->threadpool == NULL) {
             *status = STT_E_CONTEXT;
             out_err(err, err_len, "failed to create a ggml threadpool of %d threads", n_pool);
@@ -407,7 +452,7 @@ STT_API void stt_free(struct stt_ctx *c) {
         if (c->threadpool != NULL) llama_detach_threadpool(c->lctx);
         llama_free(c->lctx);
     }
-    if (c->threadpool != NULL) ggml_threadpool_free(c->threadpool);
+    if (c->threadpool != NULL) g_tp_free(c->threadpool);
     if (c->model != NULL) llama_model_free(c->model);
     free(c->n_seq_id);
     free(c->seq_ptr);
@@ -806,6 +851,14 @@ STT_API void stt_set_log_forward(int32_t level) {
     pthread_mutex_lock(&g_log_mu);
     g_log_forward = level < 0 ? 0 : (level > 2 ? 2 : level);
     pthread_mutex_unlock(&g_log_mu);
+}
+
+/* The file of the CPU backend in use ("" when none is loaded): libggml-cpu.so in a build
+ * with the backends linked in, libggml-cpu-<variant>.so (haswell, skylakex, ...) in a
+ * GGML_BACKEND_DL build, where ggml picked the best variant this CPU runs. */
+STT_API const char *stt_cpu_backend(void) {
+    pthread_once(&g_init_once, stt_init_once);
+    return g_cpu_backend;
 }
 
 /* llama.cpp's system info line (CPU features, backends). */

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Build llama.cpp (the copy vendored by llama-cpp-python) and the streamtts bridge.
+# Build llama.cpp (the copy vendored by llama-cpp-python) and the streamtts bridge into the
+# developer cache: a thin wrapper around the CMake project at the top of the repository
+# (CMakeLists.txt, the same one `pip install .` builds into the package's streamtts/lib/).
+# This script adds the options below, one cached build per set of options, and the
+# current-* pointers the Python side finds (streamtts/model/_llama.py: the package's own
+# libraries first, then these).
 #
 #   native/build.sh               build (or refresh) the CPU variant
 #   STREAMTTS_CUDA=1 native/build.sh   build the CUDA variant
@@ -10,8 +15,10 @@
 #
 # Everything lands outside the repository, in
 #   ${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}/native/
-#     src/llama_cpp_python-<ver>/vendor/llama.cpp   downloaded source (unless LLAMA_CPP_DIR)
+#     src/llama_cpp_python-<ver>/vendor/llama.cpp   downloaded source (unless LLAMA_CPP_DIR;
+#                                                   cmake/llama_source.cmake pins its SHA256)
 #     <key>/build/                                  cmake build tree
+#     <key>/stage/                                  `cmake --install` of the build
 #     <key>/lib/                                    libstreamtts_bridge.so + libllama/libggml*.so
 #     vulkan-headers/<deb version>/usr/include      newer Vulkan headers (Vulkan variant only)
 #     current-cpu, current-cuda, current-vulkan     symlinks to the <key> folder last built
@@ -47,24 +54,19 @@
 #                            Firecracker VM they died with SIGILL on `tilezero` mid-decode)
 #   STREAMTTS_BUILD_JOBS     parallel build jobs (default: number of CPUs)
 #   STREAMTTS_BUILD_VERBOSE=1  show cmake/compiler output instead of logging it to a file
-#   PYTHON                   interpreter whose pip downloads the sdist (default: the active
-#                            virtualenv, then the repo's .venv, then python3)
 #   CC, CXX                  compilers
 set -Eeuo pipefail
 
-LLAMA_CPP_PYTHON_VERSION=0.3.36
 N_STEPS=7
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
+SOURCE_CMAKE="$REPO/cmake/llama_source.cmake"
+# the pinned llama-cpp-python release, from the one place that names it
+LLAMA_CPP_PYTHON_VERSION="$(sed -n 's/^set(STREAMTTS_LLAMA_CPP_PYTHON_VERSION "\(.*\)")$/\1/p' "$SOURCE_CMAKE")"
+[[ -n "$LLAMA_CPP_PYTHON_VERSION" ]] || { echo "error: no STREAMTTS_LLAMA_CPP_PYTHON_VERSION in $SOURCE_CMAKE" >&2; exit 2; }
 CACHE_ROOT="${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}"
 NATIVE_DIR="$CACHE_ROOT/native"
-BRIDGE_SRC="$HERE/bridge.c"
-SAMPLER_SRC="$HERE/sampler.c"
-DELAY_SRC="$HERE/delay.c"
-FRAMES_SRC="$HERE/frames.c"
-EMBED_SRC="$HERE/embed.c"
-DEVICES_SRC="$HERE/devices.c"
 BRIDGE_NAME="libstreamtts_bridge.so"
 
 VARIANT=cpu
@@ -247,6 +249,7 @@ lock_cache .build.lock
 # -- 1. source ----------------------------------------------------------------------------
 
 step 1 "locating the llama.cpp source"
+command -v cmake >/dev/null || die "cmake not found (apt-get install cmake, or pip install cmake)"
 if [[ -n "${LLAMA_CPP_DIR:-}" ]]; then
     [[ -d "$LLAMA_CPP_DIR" ]] || die "LLAMA_CPP_DIR=$LLAMA_CPP_DIR is not a folder"
     LLAMA_DIR="$(cd "$LLAMA_CPP_DIR" && pwd)"
@@ -254,33 +257,18 @@ if [[ -n "${LLAMA_CPP_DIR:-}" ]]; then
     SRC_ID="dir:$LLAMA_DIR:$(sha256sum "$LLAMA_DIR/include/llama.h" | cut -c1-16)"
     note "using LLAMA_CPP_DIR=$LLAMA_DIR"
 else
-    SDIST_DIR="$NATIVE_DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
-    LLAMA_DIR="$SDIST_DIR/vendor/llama.cpp"
+    LLAMA_DIR="$NATIVE_DIR/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
     SRC_ID="llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
     if [[ -f "$LLAMA_DIR/include/llama.h" ]]; then
         note "cached: $LLAMA_DIR"
     else
-        if [[ -n "${PYTHON:-}" ]]; then PY="$PYTHON"
-        elif [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/python" ]]; then PY="$VIRTUAL_ENV/bin/python"
-        elif [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"
-        else PY=python3
-        fi
-        "$PY" -m pip --version >/dev/null 2>&1 \
-            || die "'$PY -m pip' is not available; install pip or set LLAMA_CPP_DIR to a llama.cpp tree"
-        DL="$(mktemp -d "$NATIVE_DIR/src-download.XXXXXX")"
-        LOG="$DL/download.log"
-        note "downloading the llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION sdist with $PY -m pip"
-        run_logged "$PY" -m pip download --no-deps --no-binary :all: \
-            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$DL"
-        TARBALL="$(ls "$DL"/llama_cpp_python-*.tar.gz)"
-        note "unpacking vendor/llama.cpp from $(basename "$TARBALL")"
-        tar -xzf "$TARBALL" -C "$DL" "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
-        [[ -f "$DL/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp/include/llama.h" ]] \
-            || die "the sdist has no vendor/llama.cpp/include/llama.h"
+        # the CMake project's own download (pinned URL and SHA256), run as a script
         mkdir -p "$NATIVE_DIR/src"
-        rm -rf -- "$SDIST_DIR"
-        mv "$DL/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" "$SDIST_DIR"
-        rm -rf -- "$DL"
+        LOG="$NATIVE_DIR/src/download.log"
+        : >"$LOG"
+        note "downloading the llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION sdist (about 75 MB; seconds to a minute)"
+        run_logged cmake "-DSTREAMTTS_SOURCE_CACHE=$NATIVE_DIR/src" -P "$SOURCE_CMAKE"
+        [[ -f "$LLAMA_DIR/include/llama.h" ]] || die "no $LLAMA_DIR/include/llama.h after the download"
         LOG=""
         note "source in $LLAMA_DIR"
     fi
@@ -300,7 +288,6 @@ fi
 step 2 "checking tools and computing the build key"
 CC="${CC:-cc}"
 CXX="${CXX:-c++}"
-command -v cmake >/dev/null || die "cmake not found (apt-get install cmake, or pip install cmake)"
 command -v "$CC" >/dev/null || die "C compiler '$CC' not found"
 command -v "$CXX" >/dev/null || die "C++ compiler '$CXX' not found"
 GENERATOR=()
@@ -331,20 +318,20 @@ if [[ "$NATIVE_OPT" == ON && "${STREAMTTS_AMX:-0}" != 1 ]]; then
     AMX_FLAGS="-U__AMX_INT8__ -U__AMX_TILE__ -U__AMX_BF16__"
 fi
 
+# the top-level CMakeLists.txt sets what every build shares (shared libraries, no llama.cpp
+# tools/tests, RPATH $ORIGIN); these are the options of this cached build. The backends
+# are linked in (GGML_BACKEND_DL=OFF): one CPU kernel set, this CPU's (-march=native) unless
+# STREAMTTS_NATIVE=0 / STREAMTTS_CPU_ISA. The wheel's runtime-dispatched variants: pip.
 CMAKE_OPTS=(
     -DCMAKE_BUILD_TYPE=Release
-    -DBUILD_SHARED_LIBS=ON
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
     -DGGML_NATIVE="$NATIVE_OPT"
     -DGGML_OPENMP="$OPENMP_OPT"
     -DGGML_LLAMAFILE="$LLAMAFILE_OPT"
     -DGGML_BACKEND_DL=OFF
+    -DGGML_CPU_ALL_VARIANTS=OFF
     "${ISA_OPTS[@]}"
-    # every library finds its siblings in its own folder: no LD_LIBRARY_PATH needed
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
-    "-DCMAKE_INSTALL_RPATH=\$ORIGIN"
+    -DSTREAMTTS_INSTALL_LIBDIR=lib
+    -DSTREAMTTS_BUILD_LABEL="$VARIANT"
     -DCMAKE_C_COMPILER="$CC"
     -DCMAKE_CXX_COMPILER="$CXX"
     "-DCMAKE_C_FLAGS=$AMX_FLAGS"
@@ -360,7 +347,7 @@ if [[ "$VARIANT" == cuda ]]; then
     # flash-attention kernels and CUDA graphs are llama.cpp's defaults; they are spelt out
     # so a changed default never silently drops them. Whether flash attention is used is a
     # run-time choice (BackboneParams.flash_attn).
-    CMAKE_OPTS+=(-DGGML_CUDA=ON -DGGML_CUDA_FA=ON -DGGML_CUDA_GRAPHS=ON)
+    CMAKE_OPTS+=(-DSTREAMTTS_CUDA=ON -DGGML_CUDA_FA=ON -DGGML_CUDA_GRAPHS=ON)
     CUDA_ARCH="${STREAMTTS_CUDA_ARCH:-}"
     if [[ -z "$CUDA_ARCH" ]]; then
         if nvidia-smi -L >/dev/null 2>&1; then
@@ -374,16 +361,19 @@ if [[ "$VARIANT" == cuda ]]; then
     CMAKE_OPTS+=(-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH")
     TOOLCHAIN+="; $(nvcc --version | tail -n1)"
 fi
+[[ "$VARIANT" == cuda ]] || CMAKE_OPTS+=(-DSTREAMTTS_CUDA=OFF)
+[[ "$VARIANT" == vulkan ]] || CMAKE_OPTS+=(-DSTREAMTTS_VULKAN=OFF)
 if [[ "$VARIANT" == vulkan ]]; then
     command -v glslc >/dev/null \
         || die "STREAMTTS_VULKAN=1 but glslc is not on PATH (apt-get install libvulkan-dev glslc glslang-tools spirv-headers, or bash scripts/setup.sh --test)"
     [[ -f /usr/include/spirv/unified1/spirv.hpp || -n "${VULKAN_SDK:-}" ]] \
         || die "STREAMTTS_VULKAN=1 but the SPIR-V headers are missing (apt-get install spirv-headers)"
     vulkan_include
-    CMAKE_OPTS+=(-DGGML_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VK_INCLUDE")
+    CMAKE_OPTS+=(-DSTREAMTTS_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VK_INCLUDE")
     TOOLCHAIN+="; $(glslc --version 2>&1 | head -n1); vulkan headers $(vk_header_version "$VK_INCLUDE")"
 fi
-KEY_TEXT="$SRC_ID|$LLAMA_VERSION_BASE|$VARIANT|${GENERATOR[*]:-make}|${CMAKE_OPTS[*]}|$TOOLCHAIN"
+# "project 2": the build tree is the top-level CMake project's (no longer llama.cpp's own)
+KEY_TEXT="project 2|$SRC_ID|$LLAMA_VERSION_BASE|$VARIANT|${GENERATOR[*]:-make}|${CMAKE_OPTS[*]}|$TOOLCHAIN"
 KEY_HASH="$(printf '%s' "$KEY_TEXT" | sha256sum | cut -c1-12)"
 KEY="llama-$LLAMA_CPP_PYTHON_VERSION-$VARIANT-$KEY_HASH"
 if [[ -n "${LLAMA_CPP_DIR:-}" ]]; then KEY="llama-dir-$VARIANT-$KEY_HASH"; fi
@@ -398,16 +388,24 @@ note "build folder: $OUT"
 
 # -- 3. configure --------------------------------------------------------------------------
 
-step 3 "configuring llama.cpp (cmake)"
+step 3 "configuring llama.cpp and the bridge (cmake; seconds)"
 LOG="$OUT/cmake-configure.log"
 CONF_STAMP="$OUT/configure.stamp"
-if [[ -f "$BUILD/CMakeCache.txt" && -f "$CONF_STAMP" && "$(cat "$CONF_STAMP")" == "$KEY_TEXT" ]]; then
+# the source, as the CMake project finds it: the named tree, or the sdist it unpacked into
+# the cache (then the bridge's version line says llama-cpp-python==<version>)
+if [[ -n "${LLAMA_CPP_DIR:-}" ]]; then
+    SRC_ARGS=("-DLLAMA_CPP_DIR=$LLAMA_DIR")
+else
+    SRC_ARGS=(-DLLAMA_CPP_DIR= "-DSTREAMTTS_SOURCE_CACHE=$NATIVE_DIR/src")
+fi
+CONF_TEXT="$KEY_TEXT|${SRC_ARGS[*]}"
+if [[ -f "$BUILD/CMakeCache.txt" && -f "$CONF_STAMP" && "$(cat "$CONF_STAMP")" == "$CONF_TEXT" ]]; then
     note "already configured"
 else
     : >"$LOG"
     rm -f "$CONF_STAMP"
-    run_logged cmake -S "$LLAMA_DIR" -B "$BUILD" "${GENERATOR[@]}" "${CMAKE_OPTS[@]}"
-    printf '%s' "$KEY_TEXT" >"$CONF_STAMP"
+    run_logged cmake -S "$REPO" -B "$BUILD" "${GENERATOR[@]}" "${CMAKE_OPTS[@]}" "${SRC_ARGS[@]}"
+    printf '%s' "$CONF_TEXT" >"$CONF_STAMP"
     note "configured (log: $LOG)"
 fi
 if [[ "$ACTION" == configure ]]; then
@@ -417,20 +415,36 @@ fi
 
 # -- 4. build ------------------------------------------------------------------------------
 
-step 4 "building llama.cpp (target llama; incremental)"
+if [[ -f "$LIB/$BRIDGE_NAME" ]]; then
+    step 4 "building llama.cpp and the bridge (incremental: seconds unless sources changed)"
+else
+    case "$VARIANT" in
+        cuda) est="30-60 min for the CUDA kernels" ;;
+        vulkan) est="about 12 min on 2 cores" ;;
+        *) est="about 5 min on 2 cores (measured 4m48s), 2 min on 8" ;;
+    esac
+    step 4 "building llama.cpp and the bridge (from scratch: $est)"
+fi
 LOG="$OUT/cmake-build.log"
 : >"$LOG"
 T0=$(date +%s)
-run_logged cmake --build "$BUILD" --target llama --config Release -j "$JOBS"
+run_logged cmake --build "$BUILD" --config Release -j "$JOBS"
 note "done in $(( $(date +%s) - T0 )) s (log: $LOG)"
 
-# -- 5. collect libraries -------------------------------------------------------------------
+# -- 5. install ------------------------------------------------------------------------------
 
-step 5 "collecting libllama/libggml into $LIB"
+step 5 "installing the libraries into $OUT/stage (cmake --install; seconds)"
+LOG="$OUT/cmake-install.log"
+: >"$LOG"
+run_logged cmake --install "$BUILD" --component streamtts_native --prefix "$OUT/stage"
+
+# -- 6. collect ------------------------------------------------------------------------------
+
+step 6 "collecting the bridge and libllama/libggml into $LIB"
 LOG=""
 shopt -s nullglob
 found=0
-for f in "$BUILD"/bin/libllama.so* "$BUILD"/bin/libggml*.so*; do
+for f in "$OUT/stage/lib"/*.so* "$OUT/stage/lib/variant.txt"; do
     found=1
     name="$(basename "$f")"
     if [[ -L "$f" ]]; then
@@ -443,33 +457,8 @@ for f in "$BUILD"/bin/libllama.so* "$BUILD"/bin/libggml*.so*; do
     fi
 done
 shopt -u nullglob
-[[ $found == 1 && -e "$LIB/libllama.so" ]] || die "no libllama.so in $BUILD/bin after the build"
-
-# -- 6. bridge ------------------------------------------------------------------------------
-
-step 6 "compiling the bridge ($BRIDGE_NAME)"
-LOG="$OUT/bridge.log"
-BRIDGE_CMD=(
-    "$CC" -std=c11 -O3 -g -fPIC -shared -pthread -Wall -Wextra -Wno-unused-parameter
-    "-DSTT_LLAMA_SOURCE=\"$SRC_ID, $VARIANT build\""
-    -I"$LLAMA_DIR/include" -I"$LLAMA_DIR/ggml/include"
-    "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$DEVICES_SRC" -o "$LIB/.$BRIDGE_NAME.tmp"
-    -L"$LIB" -lllama -lggml -lggml-base -lggml-cpu -lm
-    "-Wl,-rpath,\$ORIGIN" -Wl,--no-undefined
-)
-BRIDGE_STAMP="$LIB/bridge.stamp"
-BRIDGE_HASH="$(cat "$BRIDGE_SRC" "$SAMPLER_SRC" "$DELAY_SRC" "$FRAMES_SRC" "$EMBED_SRC" "$DEVICES_SRC" "$HERE/stt.h" "$LLAMA_DIR/include/llama.h" "$LIB/libllama.so" \
-    | sha256sum | cut -c1-32)|${BRIDGE_CMD[*]}"
-if [[ -f "$LIB/$BRIDGE_NAME" && -f "$BRIDGE_STAMP" && "$(cat "$BRIDGE_STAMP")" == "$BRIDGE_HASH" ]]; then
-    note "up to date"
-else
-    : >"$LOG"
-    run_logged "${BRIDGE_CMD[@]}"
-    mv -f "$LIB/.$BRIDGE_NAME.tmp" "$LIB/$BRIDGE_NAME"
-    printf '%s' "$BRIDGE_HASH" >"$BRIDGE_STAMP"
-    if [[ -s "$LOG" ]]; then note "compiler output in $LOG"; fi
-    note "compiled $LIB/$BRIDGE_NAME"
-fi
+[[ $found == 1 && -e "$LIB/libllama.so" ]] || die "no libllama.so in $OUT/stage/lib after the install"
+[[ -e "$LIB/$BRIDGE_NAME" ]] || die "no $BRIDGE_NAME in $OUT/stage/lib after the install"
 
 # -- 7. pointer -----------------------------------------------------------------------------
 

@@ -70,10 +70,10 @@ def _sha256(path: Path) -> str:
 
 
 def _llama_cpp_python_version() -> str:
-    text = (REPO / "native" / "build.sh").read_text(encoding="utf-8")
-    m = re.search(r"^LLAMA_CPP_PYTHON_VERSION=(\S+)$", text, re.M)
+    text = (REPO / "cmake" / "llama_source.cmake").read_text(encoding="utf-8")
+    m = re.search(r'^set\(STREAMTTS_LLAMA_CPP_PYTHON_VERSION "([^"]+)"\)$', text, re.M)
     if not m:
-        raise SystemExit("error: native/build.sh has no LLAMA_CPP_PYTHON_VERSION=")
+        raise SystemExit("error: cmake/llama_source.cmake has no STREAMTTS_LLAMA_CPP_PYTHON_VERSION")
     return m.group(1)
 
 

@@ -302,6 +302,9 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "model_kind": fam.kind,
         "n_vq": ids.n_vq,
         **(placement.info() if placement is not None else {}),
+        # which ggml CPU kernels run: libggml-cpu.so (native/build.sh) or the variant the wheel's
+        # runtime dispatch picked, e.g. libggml-cpu-haswell.so
+        **({"cpu_backend": _llama.cpu_backend()} if placement is not None else {}),
         "kv_cache_mib_per_stream": round(kv_stream / 2**20, 1),
         "kv_cache_mib_total": round(kv_stream * streams / 2**20, 1),
         "heads": "fused (llama.cpp)" if fused else ("numpy (text rows only in llama.cpp)" if fused_path else "numpy"),

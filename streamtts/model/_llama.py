@@ -8,11 +8,12 @@ a C file changes, this file changes with it. Every struct mirrored here is defin
 ``native/stt.h``, and the library exports its size (``stt_sizeof_<name>``): the load compares
 each with its ctypes mirror and names the one that differs.
 
-Discovery: ``STREAMTTS_BRIDGE_LIB`` (a file) wins; otherwise the pointers build.sh
-writes, ``<cache>/native/current-{cuda,vulkan,cpu}``, with
+Discovery: ``STREAMTTS_BRIDGE_LIB`` (a file) wins; otherwise the libraries a pip build put
+inside the package, ``streamtts/lib/`` (``variant.txt`` there names their variant), then
+the pointers build.sh writes, ``<cache>/native/current-{cuda,vulkan,cpu}``, with
 ``<cache> = $STREAMTTS_CACHE or $XDG_CACHE_HOME/streamtts or ~/.cache/streamtts``,
 chosen as :mod:`streamtts.model.backend` says (``STREAMTTS_BACKEND``, the config key
-``backend``; auto: CUDA, then Vulkan with a GPU, then CPU).
+``backend``; auto: the package's build, then CUDA, then Vulkan with a GPU, then CPU).
 
 ``ctypes.CDLL`` releases the GIL for the duration of every call.
 """
@@ -34,9 +35,11 @@ log = logging.getLogger(__name__)
 
 BRIDGE_NAME = "libstreamtts_bridge.so"
 BUILD_HINT = (
-    "build it with `native/build.sh` (CUDA: `STREAMTTS_CUDA=1 native/build.sh`, "
+    "install streamtts with pip (`pip install .` builds it into the package), or, in a "
+    "checkout, build it with `native/build.sh` (CUDA: `STREAMTTS_CUDA=1 native/build.sh`, "
     "Vulkan: `STREAMTTS_VULKAN=1 native/build.sh`)"
 )
+PACKAGE_LIB_DIR = Path(__file__).resolve().parent.parent / "lib"  # streamtts/lib
 
 # Status codes returned (negative) by the bridge; 0 or a count means success.
 STT_OK = 0
@@ -288,18 +291,32 @@ def _variant_lib(variant: str) -> Path:
     return cache_dir() / "native" / f"current-{variant}" / "lib" / BRIDGE_NAME
 
 
+def package_lib() -> tuple[str, Path] | None:
+    """(variant, path) of the bridge a pip build installed into streamtts/lib, if any."""
+    path = PACKAGE_LIB_DIR / BRIDGE_NAME
+    if not path.is_file():
+        return None
+    try:
+        variant = (PACKAGE_LIB_DIR / "variant.txt").read_text(encoding="utf-8").strip() or "cpu"
+    except OSError:
+        variant = "cpu"
+    return variant, path
+
+
 def candidate_paths() -> list[tuple[str, Path]]:
     """(variant, path) pairs to try, best first, following the environment and the
-    config key (model/backend.py)."""
+    config key (model/backend.py): the package's own build, then the developer builds."""
     from . import backend
 
     env = os.environ.get("STREAMTTS_BRIDGE_LIB")
     if env:
         return [("env", Path(env).expanduser())]
     want, _ = backend.wanted()
+    pkg = package_lib()
+    first = [pkg] if pkg is not None and want in ("auto", pkg[0]) else []
     if want != "auto":
-        return [(want, _variant_lib(want))]
-    return [(v, _variant_lib(v)) for v in backend.VARIANTS]
+        return first + [(want, _variant_lib(want))]
+    return first + [(v, _variant_lib(v)) for v in backend.VARIANTS]
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -341,7 +358,7 @@ def open_bridge() -> tuple[ctypes.CDLL, Path]:
     want, who = backend.wanted()
     for variant, path in candidate_paths():
         if not path.is_file():
-            if want != "auto" and variant == want:
+            if want != "auto" and variant == want and not errors:
                 raise backend.missing_build(variant, who, path)
             tried.append(f"{path} ({variant}: missing)")
             continue
@@ -372,8 +389,27 @@ def load_bridge() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             _lib, _lib_path = open_bridge()
-            log.info("llama.cpp bridge: %s - %s", _lib_path, bridge_version(_lib))
+            log.info(
+                "llama.cpp bridge: %s - %s; CPU backend %s",
+                _lib_path, bridge_version(_lib), cpu_backend(_lib) or "none",
+            )  # fmt: skip
         return _lib
+
+
+def cpu_backend(lib: ctypes.CDLL | None = None) -> str:
+    """File name of the CPU backend ggml loaded: ``libggml-cpu.so`` for a build with the
+    backends linked in (native/build.sh), ``libggml-cpu-<variant>.so`` (haswell, skylakex,
+    icelake, zen4, ...) for the wheel, where ggml picks the best variant this CPU runs.
+    "" when none is loaded, or the bridge predates stt_cpu_backend."""
+    lib = lib if lib is not None else load_bridge()
+    try:
+        fn = lib.stt_cpu_backend
+    except AttributeError:
+        return ""
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    raw = fn()
+    return os.path.basename(raw.decode("utf-8", "replace")) if raw else ""
 
 
 def loaded_backend() -> str:

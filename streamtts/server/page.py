@@ -51,7 +51,7 @@ async def info(request: Request) -> Response:
             # where the backbone runs, as llama.cpp reported it (model/placement.py)
             "backbone": {
                 k: engine_info[k]
-                for k in ("backend", "device", "device_description", "layers_offloaded", "layers_total", "device_memory_mib")
+                for k in ("backend", "device", "device_description", "layers_offloaded", "layers_total", "device_memory_mib", "cpu_backend")
                 if k in engine_info
             },
         }

@@ -119,3 +119,23 @@ def test_a_loaded_build_is_not_replaced_in_the_same_process(bridge_lib: object, 
     with pytest.raises(NativeLibraryError, match=f"backend: {other}, but this process already loaded the"):
         _llama.use_backend(other)
     _llama.use_backend("auto")  # auto takes whatever is loaded
+
+
+def test_the_package_build_comes_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A pip install's libraries (streamtts/lib, variant.txt naming their variant) are tried
+    before the cache's builds, when the backend asked for is theirs (or auto)."""
+    monkeypatch.delenv("STREAMTTS_BRIDGE_LIB", raising=False)
+    monkeypatch.delenv("STREAMTTS_CUDA", raising=False)
+    monkeypatch.delenv("STREAMTTS_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "_configured", "")
+    monkeypatch.setattr(_llama, "PACKAGE_LIB_DIR", tmp_path)
+    assert _llama.package_lib() is None  # an editable install: the cache only
+    (tmp_path / _llama.BRIDGE_NAME).write_bytes(b"")
+    (tmp_path / "variant.txt").write_text("cpu\n")
+    paths = _llama.candidate_paths()
+    assert paths[0] == ("cpu", tmp_path / _llama.BRIDGE_NAME)
+    assert [v for v, _ in paths[1:]] == ["cuda", "vulkan", "cpu"]
+    backend.request("cpu")
+    assert _llama.candidate_paths()[0] == ("cpu", tmp_path / _llama.BRIDGE_NAME)
+    backend.request("cuda")  # the package holds a CPU build: the cache's CUDA build only
+    assert [v for v, _ in _llama.candidate_paths()] == ["cuda"]
