@@ -399,6 +399,12 @@ else
     SRC_ARGS=(-DLLAMA_CPP_DIR= "-DSTREAMTTS_SOURCE_CACHE=$NATIVE_DIR/src")
 fi
 CONF_TEXT="$KEY_TEXT|${SRC_ARGS[*]}"
+# a build folder that another checkout configured (CMake keeps the project's path; CI clones
+# into a new folder each run): its CMake cache starts anew, its objects stay (little rebuilt)
+if [[ -f "$BUILD/CMakeCache.txt" ]] && ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$REPO" "$BUILD/CMakeCache.txt"; then
+    note "configured from another checkout: configuring again for $REPO"
+    rm -rf -- "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
+fi
 if [[ -f "$BUILD/CMakeCache.txt" && -f "$CONF_STAMP" && "$(cat "$CONF_STAMP")" == "$CONF_TEXT" ]]; then
     note "already configured"
 else

@@ -81,6 +81,12 @@ else
     fi
     rm -rf -- "$WHEEL_DIR"
     mkdir -p "$WHEEL_DIR/raw"
+    # a CMake tree another checkout configured (CMake keeps the project's path; CI clones into
+    # a new folder each run): its CMake cache starts anew, its objects stay
+    if [[ -f "$BUILD_DIR/CMakeCache.txt" ]] && ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$REPO" "$BUILD_DIR/CMakeCache.txt"; then
+        say "    the cached CMake tree was configured from another checkout: configuring again for $REPO"
+        rm -rf -- "$BUILD_DIR/CMakeCache.txt" "$BUILD_DIR/CMakeFiles"
+    fi
     T0=$(date +%s)
     # no build isolation: the tools' virtualenv has the backend, and its fixed paths keep the
     # cached CMake tree valid between runs. Nothing is written into the checkout.
