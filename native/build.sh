@@ -337,7 +337,7 @@ CMAKE_OPTS=(
     "-DCMAKE_C_FLAGS=$AMX_FLAGS"
     "-DCMAKE_CXX_FLAGS=$AMX_FLAGS"
 )
-TOOLCHAIN="$("$CC" --version | head -n1); $("$CXX" --version | head -n1)"
+TOOLCHAIN="$("$CC" --version | sed -n 1p); $("$CXX" --version | sed -n 1p)"
 if [[ "$NATIVE_OPT" == ON ]]; then
     # -march=native binaries are only good on this kind of CPU: key on its feature flags
     TOOLCHAIN+="; cpu $( (grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null || uname -m) | sha256sum | cut -c1-8)"
@@ -370,7 +370,7 @@ if [[ "$VARIANT" == vulkan ]]; then
         || die "STREAMTTS_VULKAN=1 but the SPIR-V headers are missing (apt-get install spirv-headers)"
     vulkan_include
     CMAKE_OPTS+=(-DSTREAMTTS_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VK_INCLUDE")
-    TOOLCHAIN+="; $(glslc --version 2>&1 | head -n1); vulkan headers $(vk_header_version "$VK_INCLUDE")"
+    TOOLCHAIN+="; $(glslc --version 2>&1 | sed -n 1p); vulkan headers $(vk_header_version "$VK_INCLUDE")"
 fi
 # "project 2": the build tree is the top-level CMake project's (no longer llama.cpp's own)
 KEY_TEXT="project 2|$SRC_ID|$LLAMA_VERSION_BASE|$VARIANT|${GENERATOR[*]:-make}|${CMAKE_OPTS[*]}|$TOOLCHAIN"
