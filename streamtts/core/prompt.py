@@ -323,10 +323,17 @@ def field_lines(spec: PromptSpec, tmpl: PromptTemplate) -> str:
     )
 
 
+def unwritten_fields(tmpl: PromptTemplate, values: object) -> list[str]:
+    """The fields set in ``values`` (attributes named in FIELDS: a PromptSpec, StreamOptions)
+    that the template does not write."""
+    written = tmpl.fields()
+    return [f for f in FIELDS if getattr(values, f, None) is not None and f not in written]
+
+
 def check_template_fields(tmpl: PromptTemplate, values: object) -> None:
-    """A field set (an attribute of ``values`` named in FIELDS: a PromptSpec, StreamOptions)
-    that the template does not write would be dropped silently: an InputError naming it."""
-    unused = [f for f in FIELDS if getattr(values, f, None) is not None and f not in tmpl.fields()]
+    """A field set that the template does not write would be dropped silently: an InputError
+    naming it (:func:`unwritten_fields`)."""
+    unused = unwritten_fields(tmpl, values)
     if unused:
         raise InputError(
             f"{', '.join(unused)}: not a field of the prompt template {tmpl.name!r} "

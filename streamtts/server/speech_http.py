@@ -40,7 +40,7 @@ from starlette.types import Send
 from ..config import SamplingParams
 from ..constants import FRAME_RATE, SAMPLE_RATE
 from ..core.family import language_for
-from ..core.prompt import check_template_fields
+from ..core.prompt import check_template_fields, unwritten_fields
 from ..core.speakers import check_speakers
 from ..engine.dialogue import speaker_tuple
 from ..engine.segmented import (
@@ -355,11 +355,13 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
         sampling=sampling,
         timestamps=None if req.timestamps in (None, "none") else req.timestamps,
     )
-    try:  # before anything is generated: every segment would fail on it
-        check_template_fields(state.engine.prompt_template, options)
-    except InputError as exc:
-        field = str(exc).split(":", 1)[0].split(",")[0]
-        raise SpeechRequestError(ErrorCode.INVALID_OPTION, field, str(exc)) from None
+    tmpl = state.engine.prompt_template  # checked before anything is generated: every segment would fail
+    unused = unwritten_fields(tmpl, options)
+    if unused:
+        try:
+            check_template_fields(tmpl, options)
+        except InputError as exc:  # its message names every such field
+            raise SpeechRequestError(ErrorCode.INVALID_OPTION, unused[0], str(exc)) from None
     return options, reference
 
 
