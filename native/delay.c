@@ -180,3 +180,43 @@ STT_API int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots,
     }
     return 0;
 }
+
+/* stt_delay_step on chunks of `chunk` rows, run on a pool's threads: chunk c is rows
+ * [c * chunk, min(n_b, (c + 1) * chunk)), its row b's scratch scratch_row bytes into
+ * scratch (so chunks share nothing). Each chunk's code (as stt_delay_step's) lands in
+ * rcs[c]; returns how many are not 0. A chunk that returned 1 changed nothing: the caller
+ * steps it in Python. The slots must be distinct across chunks (each checks its own). */
+typedef struct {
+    const stt_delay_states *st;
+    const int64_t *slots;
+    int32_t n_b, chunk;
+    const float *pair;
+    int64_t pair_stride;
+    float *audio;
+    int64_t audio_b_stride, audio_k_stride;
+    int64_t *out;
+    uint8_t *scratch;
+    int64_t scratch_row;
+    uint8_t *bad;
+} delay_call;
+
+static int32_t delay_chunk(void *vp, int32_t c) {
+    const delay_call *a = vp;
+    const int64_t lo = (int64_t)c * a->chunk;
+    const int32_t n = a->n_b - lo < a->chunk ? (int32_t)(a->n_b - lo) : a->chunk;
+    return stt_delay_step(a->st, a->slots + lo, n, a->pair + lo * a->pair_stride, a->pair_stride,
+                          a->audio + lo * a->audio_b_stride, a->audio_b_stride, a->audio_k_stride,
+                          a->out + lo * (1 + a->st->n_vq), a->scratch + lo * a->scratch_row,
+                          a->bad + lo);
+}
+
+STT_API int32_t stt_pool_delay_step(stt_pool *p, int32_t chunk, int32_t *rcs, const stt_delay_states *st,
+                                    const int64_t *slots, int32_t n_b, const float *pair,
+                                    int64_t pair_stride, float *audio, int64_t audio_b_stride,
+                                    int64_t audio_k_stride, int64_t *out, void *scratch,
+                                    int64_t scratch_row, uint8_t *bad) {
+    if (chunk < 1 || n_b < 0 || !scratch) return -1;
+    delay_call a = {st, slots, n_b, chunk, pair, pair_stride, audio, audio_b_stride,
+                    audio_k_stride, out, scratch, scratch_row, bad};
+    return stt_pool_run(p, (n_b + chunk - 1) / chunk, delay_chunk, &a, rcs);
+}

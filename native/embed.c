@@ -76,3 +76,32 @@ STT_API int32_t stt_embed_rows(const stt_embed *e, const int64_t *slots, int32_t
     }
     return 0;
 }
+
+/* stt_embed_rows on chunks of `chunk` rows, run on a pool's threads: chunk c is rows
+ * [c * chunk, min(n_b, (c + 1) * chunk)) of slots and out; its code lands in rcs[c];
+ * returns how many are not 0. */
+typedef struct {
+    const stt_embed *e;
+    const int64_t *slots;
+    int32_t n_b, chunk;
+    const int64_t *rows;
+    int64_t n_rows, row_stride;
+    float *out;
+    int64_t out_stride;
+} embed_call;
+
+static int32_t embed_chunk(void *vp, int32_t c) {
+    const embed_call *a = vp;
+    const int64_t lo = (int64_t)c * a->chunk;
+    const int32_t n = a->n_b - lo < a->chunk ? (int32_t)(a->n_b - lo) : a->chunk;
+    return stt_embed_rows(a->e, a->slots ? a->slots + lo : NULL, n, a->rows, a->n_rows, a->row_stride,
+                          a->out + lo * a->out_stride, a->out_stride);
+}
+
+STT_API int32_t stt_pool_embed_rows(stt_pool *p, int32_t chunk, int32_t *rcs, const stt_embed *e,
+                                    const int64_t *slots, int32_t n_b, const int64_t *rows,
+                                    int64_t n_rows, int64_t row_stride, float *out, int64_t out_stride) {
+    if (chunk < 1 || n_b < 0) return -1;
+    embed_call a = {e, slots, n_b, chunk, rows, n_rows, row_stride, out, out_stride};
+    return stt_pool_run(p, (n_b + chunk - 1) / chunk, embed_chunk, &a, rcs);
+}

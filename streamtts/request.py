@@ -161,6 +161,14 @@ class StreamStats:
         end = self.t_done or self.t_first_audio
         return (end - self.t_submit) / self.audio_s if self.frames else float("nan")
 
+    @property
+    def ms_per_tick(self) -> float:
+        """Wall time per step from the prompt's end to the last audio: the tick as the stream
+        lived it, with all the engine and the machine did between its steps."""
+        if not (self.steps and self.t_prefilled and self.t_done):
+            return float("nan")
+        return 1000.0 * (self.t_done - self.t_prefilled) / self.steps
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "prompt_rows": self.prompt_rows,
@@ -170,6 +178,7 @@ class StreamStats:
             "audio_s": round(self.audio_s, 3),
             "ttfa_ms": round(1000 * self.ttfa_s, 2),
             "ms_per_step": round(self.ms_per_step, 3),
+            "ms_per_tick": round(self.ms_per_tick, 3),
             "prepare_ms": round(1000 * self.prepare_s, 2),
             "prefill_ms": round(1000 * (self.t_prefilled - self.t_admitted), 2) if self.t_prefilled else None,
             "queue_ms": round(1000 * (self.t_admitted - self.t_submit - self.prepare_s), 2) if self.t_admitted else None,

@@ -123,6 +123,7 @@ def _level_row(
         "rtf_p50": round(_pct(rtf, 50), 4),
         "rtf_p95": round(_pct(rtf, 95), 4),
         "ms_per_step_p50": round(statistics.median(r["ms_per_step"] for r in results), 3),
+        "ms_per_tick_p50": round(statistics.median(r["ms_per_tick"] for r in results), 3),
         "prefill_rows_computed": int(statistics.median(r["prompt_rows"] - r["prefix_cached_rows"] for r in results)),
         "prompt_rows": int(statistics.median(r["prompt_rows"] for r in results)),
         "realtime_streams": sum(1 for r in rtf if r < 1.0),
@@ -192,6 +193,7 @@ def _make_engine(args: argparse.Namespace, levels: list[int]) -> Any:
         max_streams=max(levels),
         n_threads=args.n_threads,
         decode_context_frames=args.context_frames,
+        tick_threads=args.tick_threads,
     )
     if args.null_backbone:
         engine.backbone_factory = null_backbone_factory
@@ -486,6 +488,7 @@ COLUMNS = [
     ("rtf_p50", "RTF p50"),
     ("rtf_p95", "RTF p95"),
     ("ms_per_step_p50", "ms/step"),
+    ("ms_per_tick_p50", "ms/tick"),
     ("realtime_streams", "real time"),
 ]
 KERNEL_COLUMNS = [
@@ -498,7 +501,9 @@ LEGEND = (
     "frame: 80 ms of audio (12.5 per second of speech). frames/s: audio frames of all streams per "
     "wall-clock second. TTFA: time to first audio, request to first chunk. RTF: real-time factor, "
     "generation time / audio length (< 1 is faster than real time). x1: relative to 1 stream. "
-    "real time: streams with RTF < 1. ms/step: one engine tick (all streams advance one frame)."
+    "real time: streams with RTF < 1. ms/step: a tick's decode and sampling (a tick: all streams "
+    "advance one frame). ms/tick: wall time per tick from a stream's prompt end to its last audio "
+    "(all the machine did meanwhile: routing, the codec, the other threads)."
 )
 KERNEL_LEGEND = (
     " kernel: bare llama.cpp decodes of N rows, the ratios a perfect scheduler would reach; "
@@ -573,6 +578,10 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--text", default="The quick brown fox jumps over the lazy dog.", help="what every stream says")
     p.add_argument("--n-threads", type=int, help="llama.cpp CPU threads; default: the config's (0 = automatic)")
+    p.add_argument(
+        "--tick-threads", type=int,
+        help="threads a tick's sampling and embedding are cut across; default: the config's (0 = automatic)",
+    )  # fmt: skip
     p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames); default: the config's")
     p.add_argument("--null-backbone", action="store_true", help="zero-cost backbone: orchestration only")
     p.add_argument(
@@ -597,6 +606,8 @@ def _check(args: argparse.Namespace) -> None:
     check_config(args)
     if args.json and args.json != "-":
         check_output_file(args.json, "--json", audio=False)
+    if args.tick_threads is not None and args.tick_threads < 0:
+        raise UsageError("--tick-threads must be >= 0 (0 = automatic)")
     if any(n < 1 for n in args.concurrency) or args.frames < 1 or args.repeat < 1 or args.joiners < 1:
         raise UsageError("--concurrency levels, --frames, --repeat and --joiners must be >= 1")
 

@@ -316,7 +316,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         "sampling": msgspec.structs.asdict(cfg.sampling),
         "sampler": cfg.sampler,
         "kernels": core.kernels.describe(),
-        "tick_threads": core.kernels.split.threads,
+        "tick_threads": core.kernels.threads if core.kernels.pool is not None else 1,
         "codec": worker.codec.kind,
         "codec_turns": worker.turns.enabled,
         "codec_state_mib_per_stream": _codec_state_mib(worker),

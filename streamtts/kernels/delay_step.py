@@ -21,6 +21,7 @@ from ..errors import NonFiniteLogitsError
 from ..model._llama import SttDelayStates, ptr
 from .entries import Unreadable, check_range
 from .spec import SpecDelayStep
+from .tick_pool import TickPool
 
 _DONE, _NEEDS_TEXT, _BAD_SLOTS, _BAD_TEXT, _BAD_AUDIO = 0, 1, 2, 3, 4
 
@@ -28,11 +29,12 @@ _DONE, _NEEDS_TEXT, _BAD_SLOTS, _BAD_TEXT, _BAD_AUDIO = 0, 1, 2, 3, 4
 class DelayStepTwin:
     """``native/delay.c``'s step of one :class:`DelayStates` on the caller's buffers: a step
     of the slots in ``slots[lo:hi]`` reads rows ``[lo, hi)`` of ``pair`` (R, 2) and ``audio``
-    (R, K, A) float32 and writes rows ``[lo, hi)`` of ``out`` (R, 1 + K) int64."""
+    (R, K, A) float32 and writes rows ``[lo, hi)`` of ``out`` (R, 1 + K) int64. With a
+    ``pool``, the engine's call (``lo`` = 0) is cut into chunks run on the pool's threads."""
 
     compiled = True
 
-    def __init__(self, lib: ctypes.CDLL, spec: SpecDelayStep) -> None:
+    def __init__(self, lib: ctypes.CDLL, spec: SpecDelayStep, pool: TickPool | None = None) -> None:
         states, slots, pair, audio, out = spec.states, spec.slots, spec.pair, spec.audio, spec.out
         k, a = states.n_vq, states.n_audio
         r = slots.shape[0] if slots.ndim == 1 else -1
@@ -80,6 +82,10 @@ class DelayStepTwin:
         self._keep = (states, slots, pair, audio, out)  # what the addresses point into
         self._ref = ctypes.byref(self._struct)
         self._fn = lib.stt_delay_step
+        self._pooled = lib.stt_pool_delay_step
+        self._pool = pool
+        self._codes = TickPool.chunk_codes(r)
+        self._codes_p = ptr(self._codes)
         self.spec = spec
         """The spec entry on the same buffers (the steps C hands back)."""
         self._slots = slots
@@ -93,6 +99,12 @@ class DelayStepTwin:
         """Steps that went to the spec (a stream outside audio mode)."""
 
     def __call__(self, lo: int, hi: int) -> None:
+        pool = self._pool
+        if pool is not None and not lo and hi <= self._rows:
+            chunk = pool.chunk_rows(hi)
+            if chunk:
+                self._run_pooled(pool, hi, chunk)
+                return
         if not self.try_compiled(lo, hi):
             self.spec(lo, hi)
 
@@ -107,11 +119,33 @@ class DelayStepTwin:
             s_b, p_b, au_b, o_b, sc_b, bd_b = self._row_bytes
             s, p, au, o, sc, bd = s + lo * s_b, p + lo * p_b, au + lo * au_b, o + lo * o_b, sc + lo * sc_b, bd + lo * bd_b
         ps, ab, ak = self._strides
-        rc = self._fn(self._ref, s, hi - lo, p, ps, au, ab, ak, o, sc, bd)
+        done = self._outcome(self._fn(self._ref, s, hi - lo, p, ps, au, ab, ak, o, sc, bd), lo, hi)
+        self.handed_back += not done  # a plain int: a lost count between threads is harmless
+        return done
+
+    def _run_pooled(self, pool: TickPool, b: int, chunk: int) -> None:
+        """Rows ``[0, b)`` in chunks of ``chunk`` rows on the pool's threads; a chunk with a
+        stream outside audio mode then goes to the spec (after every error is raised)."""
+        s, p, au, o, sc, bd = self._at0
+        ps, ab, ak = self._strides
+        pool.parallel_runs += 1
+        failed = self._pooled(pool.handle, chunk, self._codes_p, self._ref, s, b, p, ps, au, ab, ak, o, sc, self._scratch_row, bd)
+        if not failed:
+            return
+        if failed < 0:
+            raise RuntimeError(f"stt_pool_delay_step returned {failed}")  # cannot happen: chunk >= 1, scratch given
+        cuts = [(lo, min(b, lo + chunk)) for lo in range(0, b, chunk)]
+        codes = self._codes[: len(cuts)].tolist()
+        handed = [(lo, hi) for (lo, hi), rc in zip(cuts, codes, strict=True) if not self._outcome(rc, lo, hi)]
+        self.handed_back += bool(handed)  # a step, however many of its chunks
+        for lo, hi in handed:
+            self.spec(lo, hi)
+
+    def _outcome(self, rc: int, lo: int, hi: int) -> bool:
+        """True for a step done; False for one handed back (nothing changed); raises for a bad one."""
         if rc == _DONE:
             return True
         if rc == _NEEDS_TEXT:
-            self.handed_back += 1  # a plain int: a lost count between threads is harmless
             return False
         slots = self._slots[lo:hi]
         if rc == _BAD_SLOTS:

@@ -15,14 +15,19 @@ import numpy as np
 from ..model._llama import SttEmbed, ptr
 from ..model.tables import Embedder
 from .entries import Unreadable, check_range
+from .tick_pool import TickPool
 
 
 class StepEmbedTwin:
-    """Writes the embedding of ``rows[slots[b]]`` to ``out[b]`` for b in ``[lo, hi)``."""
+    """Writes the embedding of ``rows[slots[b]]`` to ``out[b]`` for b in ``[lo, hi)``. With a
+    ``pool``, the engine's call (``lo`` = 0) is cut into chunks run on the pool's threads."""
 
     compiled = True
 
-    def __init__(self, lib: ctypes.CDLL, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, embedder: Embedder, slots: np.ndarray, rows: np.ndarray, out: np.ndarray,
+        pool: TickPool | None = None,
+    ) -> None:  # fmt: skip
         text, audio = embedder.text, embedder.audio
         h, k = embedder.n_embd, embedder.n_vq
         if text.dtype not in (np.float16, np.float32) or not text.flags.c_contiguous:
@@ -42,6 +47,10 @@ class StepEmbedTwin:
         )  # fmt: skip
         self._ref = ctypes.byref(self._struct)
         self._fn = lib.stt_embed_rows
+        self._pooled = lib.stt_pool_embed_rows
+        self._pool = pool
+        self._codes = TickPool.chunk_codes(min(slots.shape[0], out.shape[0]))
+        self._codes_p = ptr(self._codes)
         self._n_max = min(slots.shape[0], out.shape[0])
         self._n_rows = rows.shape[0]
         self._slots = slots
@@ -56,9 +65,24 @@ class StepEmbedTwin:
         if not 0 <= lo <= hi <= self._n_max:
             check_range(lo, hi, self._n_max)
         s, o = self._at0  # the engine's call (lo = 0): the addresses as bound
+        pool = self._pool
+        chunk = pool.chunk_rows(hi) if pool is not None and not lo else 0
+        if chunk:
+            assert pool is not None
+            pool.parallel_runs += 1
+            args = (self._ref, s, hi, self._rows_p, self._n_rows, self._row_stride, o, self._out_stride)
+            failed = self._pooled(pool.handle, chunk, self._codes_p, *args)
+            if failed < 0:  # cannot happen: chunk >= 1
+                raise RuntimeError(f"stt_pool_embed_rows returned {failed}")
+            if failed:
+                codes = self._codes[: -(-hi // chunk)]
+                self._check(int(codes[codes != 0][0]), lo, hi)
+            return
         if lo:
             s, o = s + lo * self._row_bytes[0], o + lo * self._row_bytes[1]
-        rc = self._fn(self._ref, s, hi - lo, self._rows_p, self._n_rows, self._row_stride, o, self._out_stride)
+        self._check(self._fn(self._ref, s, hi - lo, self._rows_p, self._n_rows, self._row_stride, o, self._out_stride), lo, hi)
+
+    def _check(self, rc: int, lo: int, hi: int) -> None:
         if rc == -1:
             raise ValueError(f"slots must be in [0, {self._n_rows}), got {self._slots[lo:hi].tolist()}")
         if rc < 0:

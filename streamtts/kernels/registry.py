@@ -22,7 +22,7 @@ from ..core.tokens import TokenIds
 from ..errors import ConfigError
 from .entries import DelayStep, FramePush, StepEmbed, Unreadable
 from .spec import SpecDelayStep, SpecFramePush, SpecStepEmbed
-from .split import RowSplit, SplitDelayStep, SplitStepEmbed, auto_threads
+from .tick_pool import TickPool, auto_threads
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Kernels:
 
     def __init__(self, twins: Iterable[str] = (), lib: ctypes.CDLL | None = None, threads: int = 1) -> None:
         self.twins = frozenset(twins)
-        self.split = RowSplit(threads)
+        self.threads = max(1, threads)
         """The threads a step's compiled kernels are cut across (``tick_threads``)."""
         unknown = self.twins - set(KERNEL_NAMES)
         if unknown:
@@ -82,6 +82,10 @@ class Kernels:
             from .sampler import NativeSampler
 
             self.row_sampler = NativeSampler(self._lib)
+        self.pool: TickPool | None = None
+        """The tick's threads, when a step's twins are cut across more than one."""
+        if self.twins & {"delay_step", "step_embed"} and self.threads > 1:
+            self.pool = TickPool(self._bridge, self.threads)
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> Kernels:
@@ -108,10 +112,7 @@ class Kernels:
             return spec
         from .delay_step import DelayStepTwin
 
-        step = self._twin("delay_step", spec, lambda: DelayStepTwin(self._bridge, spec))
-        if isinstance(step, DelayStepTwin) and self.split.threads > 1:
-            return SplitDelayStep(step, self.split)
-        return step
+        return self._twin("delay_step", spec, lambda: DelayStepTwin(self._bridge, spec, self.pool))
 
     def bind_frame_push(self, spec: SpecFramePush) -> FramePush:
         """The frame push on ``spec``'s buffers: the spec, or its twin."""
@@ -128,14 +129,14 @@ class Kernels:
             return spec
         from .embed import StepEmbedTwin
 
-        embed = self._twin("step_embed", spec, lambda: StepEmbedTwin(self._bridge, spec.embedder, spec.slots, spec.rows, spec.out))
-        if isinstance(embed, StepEmbedTwin) and self.split.threads > 1:
-            return SplitStepEmbed(embed, self.split)
-        return embed
+        return self._twin(
+            "step_embed", spec, lambda: StepEmbedTwin(self._bridge, spec.embedder, spec.slots, spec.rows, spec.out, self.pool)
+        )
 
     def close(self) -> None:
-        """The tick's pool threads (idempotent)."""
-        self.split.close()
+        """The tick's threads (idempotent)."""
+        if self.pool is not None:
+            self.pool.close()
 
     @property
     def _bridge(self) -> ctypes.CDLL:

@@ -272,6 +272,19 @@ def _declare(lib: ctypes.CDLL) -> None:
     #     const int64_t *rows, int64_t n_rows, int64_t row_stride, float *out,
     #     int64_t out_stride);   (native/embed.c)
     fn("stt_embed_rows", c_int32, [P(SttEmbed), _P, c_int32, _P, ctypes.c_int64, ctypes.c_int64, _P, ctypes.c_int64])
+    # stt_pool *stt_pool_new(int32_t n_threads);   (native/pool.c; NULL on failure)
+    fn("stt_pool_new", c_void_p, [c_int32])
+    # void stt_pool_free(stt_pool *p);
+    fn("stt_pool_free", None, [c_void_p])
+    # int32_t stt_pool_threads(const stt_pool *p);
+    fn("stt_pool_threads", c_int32, [c_void_p])
+    # int32_t stt_pool_delay_step(stt_pool *p, int32_t chunk, int32_t *rcs,
+    #     <stt_delay_step's arguments up to scratch>, int64_t scratch_row, uint8_t *bad);
+    #     (native/delay.c)
+    fn("stt_pool_delay_step", c_int32, [c_void_p, c_int32, _P, *DELAY_STEP_ARGS[:-1], ctypes.c_int64, _P])
+    # int32_t stt_pool_embed_rows(stt_pool *p, int32_t chunk, int32_t *rcs,
+    #     <stt_embed_rows' arguments>);   (native/embed.c)
+    fn("stt_pool_embed_rows", c_int32, [c_void_p, c_int32, _P, P(SttEmbed), _P, c_int32, _P, ctypes.c_int64, ctypes.c_int64, _P, ctypes.c_int64])
     # int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32_t n_rows,
     #     int32_t n_cols, const float *temperature, const int64_t *top_k, const double *top_p,
     #     const double *u, const uint8_t *seen, const float *penalty, void *scratch,

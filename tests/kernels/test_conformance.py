@@ -183,7 +183,7 @@ def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
 
     step = kernels.bind_delay_step(SpecDelayStep(states, slot_buf, logits[:, :2], audio, out, full_text))
     run = Run(compiled=step.compiled)
-    live = [int(s) for s in rng.permutation(cap)[: int(rng.integers(1, cap + 1))]]
+    live = [int(s) for s in rng.permutation(cap)[: int(rng.integers(p.get("min_live", 1), cap + 1))]]
 
     def reset(s: int) -> None:
         states.reset(s, _prompt(rng, ids, p.get("text", 0.1)), random_sampling_params(rng, (0, 1, 5, 25, 300)), int(rng.integers(0, 2**63)))
@@ -365,13 +365,19 @@ CASES = [
     Case("step_embed", "real codebooks", drive_step_embed,
          st.fixed_dictionaries({"seed": SEED, "ids": st.just("real"), "n_embd": st.just(96), "dtype": st.just("float16"),
                                 "split": st.booleans(), "steps": st.just(30)}), 5),
-    # cut across threads (tick_threads, a GPU's many streams): steps of 64-96 streams in 2-3
-    # ranges at once; the engine's slots are distinct and an error fails the whole step, so
-    # these lifecycles have neither repeated slots nor bad rows
+    # cut across threads (tick_threads, a GPU's many streams): steps of up to 96 streams in
+    # chunks on 3 threads; the engine's slots are distinct and an error fails the whole step,
+    # so these lifecycles have neither repeated slots nor bad rows. With text mode, chunks
+    # holding a stream outside audio mode go to the spec while the others ran in C.
     Case("delay_step", "across threads", drive_delay_step,
          st.fixed_dictionaries({"seed": SEED, "ids": st.just("small"), "capacity": st.just(96), "fused": st.booleans(),
                                 "split": st.just(False), "steps": st.just(30), "bad": st.just(0.0), "repeat": st.just(False),
                                 "text": st.just(0.0), "delay": st.just((-9.0,) * 40 + (3.0,))}), 12, threads=3),
+    Case("delay_step", "across threads, text mode", drive_delay_step,
+         st.fixed_dictionaries({"seed": SEED, "ids": st.just("real"), "capacity": st.just(96), "fused": st.booleans(),
+                                "split": st.just(False), "steps": st.just(40), "bad": st.just(0.0), "repeat": st.just(False),
+                                "text": st.just(0.3), "min_live": st.just(64), "delay": st.just((-9.0,) * 12 + (3.0,))}),
+         3, min_handed_back=1, threads=3),
     Case("step_embed", "across threads", drive_step_embed,
          st.fixed_dictionaries({"seed": SEED, "ids": st.just("small"), "n_embd": st.just(24), "dtype": st.just("float16"),
                                 "split": st.just(False), "steps": st.just(20), "capacity": st.just(96)}), 8, threads=3),
@@ -391,7 +397,7 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
 def test_twin_is_its_spec(bridge_lib: Any, ctx: Ctx, case: Case) -> None:
     spec_kernels, twin_kernels = Kernels(), Kernels({case.kernel}, bridge_lib, threads=case.threads)
     if case.threads > 1:
-        assert twin_kernels.split.threads == case.threads
+        assert twin_kernels.pool is not None and twin_kernels.pool.threads == case.threads
 
     @given(case.params)
     @settings(max_examples=case.examples, deadline=None)
@@ -405,4 +411,4 @@ def test_twin_is_its_spec(bridge_lib: Any, ctx: Ctx, case: Case) -> None:
 
     check()
     if case.threads > 1:
-        assert twin_kernels.split.parallel_runs > 0, "no step was cut across threads"
+        assert twin_kernels.pool is not None and twin_kernels.pool.parallel_runs > 0, "no step was cut across threads"

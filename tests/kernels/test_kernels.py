@@ -20,6 +20,7 @@ from streamtts.core.sampling import sample_rows
 from streamtts.core.tokens import TokenIds
 from streamtts.errors import ConfigError, NativeLibraryError, NonFiniteLogitsError
 from streamtts.kernels import Kernels, SpecDelayStep, SpecFramePush, SpecStepEmbed, select_twins
+from streamtts.kernels.tick_pool import CHUNK_ROWS, CHUNKS_PER_THREAD, MIN_ROWS, TickPool
 from streamtts.model import _llama
 from streamtts.model.tables import Embedder
 from streamtts.request import StreamOptions
@@ -204,6 +205,58 @@ def test_embed_twin_bad_slots_and_ids_write_nothing(bridge_lib: Any, tmp_path: P
     assert (out == 7.0).all()  # nothing written
     with pytest.raises(ValueError, match=re.escape("rows [0, 4) do not fit the 3 rows bound")):
         embed(0, 4)
+
+
+# -- the tick's threads (native/pool.c) -----------------------------------------------------------
+
+
+def test_tick_pool_threads_and_close(bridge_lib: Any) -> None:
+    pool = TickPool(bridge_lib, 3)
+    assert bridge_lib.stt_pool_threads(pool.handle) == 3
+    assert pool.chunk_rows(MIN_ROWS - 1) == 0  # too few rows to cut
+    for b in (MIN_ROWS, 128, 1000):  # at least CHUNK_ROWS a chunk, at most CHUNKS_PER_THREAD a thread
+        rows = pool.chunk_rows(b)
+        assert rows >= CHUNK_ROWS and -(-b // rows) <= 3 * CHUNKS_PER_THREAD
+    pool.close()
+    pool.close()  # idempotent
+    assert pool.handle is None
+    with pytest.raises(NativeLibraryError, match="could not start 99 tick threads"):
+        TickPool(bridge_lib, 100)
+
+
+def test_pooled_delay_step_names_the_bad_rows_of_any_chunk(bridge_lib: Any) -> None:
+    ids, cap = REAL, 96
+    kernels = Kernels({"delay_step"}, bridge_lib, threads=2)
+    states = _states(kernels, ids, cap)
+    slots, pair = np.arange(cap, dtype=np.int64), np.zeros((cap, 2), np.float32)
+    audio, out = np.zeros((cap, ids.n_vq, ids.audio_rows), np.float32), np.zeros((cap, 1 + ids.n_vq), np.int64)
+    step = kernels.bind_delay_step(SpecDelayStep(states, slots, pair, audio, out, lambda i: np.zeros(1, np.float32)))
+    assert kernels.pool is not None
+    audio[90, 0, 7] = np.nan  # in the last chunk
+    with pytest.raises(NonFiniteLogitsError, match=r"audio of slots \[90\]"):
+        step(0, cap)
+    assert kernels.pool.parallel_runs == 1
+    audio[90, 0, 7] = 0.0
+    slots[70] = 71  # repeated inside one chunk
+    with pytest.raises(ValueError, match="slots must be distinct"):
+        step(0, cap)
+    kernels.close()
+
+
+def test_pooled_step_embed_names_a_bad_id(bridge_lib: Any, tmp_path: Path) -> None:
+    ids = SMALL_IDS
+    emb = _embedder(tmp_path, ids, 8, 10)
+    n = 64
+    rows, slots, out = np.zeros((n, 1 + ids.n_vq), np.int64), np.arange(n, dtype=np.int64), np.zeros((n, 8), np.float32)
+    kernels = Kernels({"step_embed"}, bridge_lib, threads=2)
+    embed = kernels.bind_step_embed(SpecStepEmbed(emb, slots, rows, out))
+    rows[50, 1] = ids.audio_rows
+    with pytest.raises(ValueError, match="an id out of range in rows"):
+        embed(0, n)
+    rows[50, 1] = 0
+    embed(0, n)
+    assert kernels.pool is not None and kernels.pool.parallel_runs == 2
+    kernels.close()
 
 
 # -- the row sampler's twin ---------------------------------------------------------------------
