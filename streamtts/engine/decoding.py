@@ -34,7 +34,7 @@ from ..constants import FRAME_SAMPLES
 from ..errors import CodecError
 from ..request import AudioChunk
 from .priority import lower_priority
-from .sink import StreamSink
+from .sink import Outbox, StreamSink
 from .turns import CoreTurns
 
 log = logging.getLogger(__name__)
@@ -357,7 +357,13 @@ class DecodeWorker:
             dt = time.monotonic() - t0
         self.busy_s += dt
         self.calls += 1
-        share = dt / len(jobs)
+        outbox = Outbox()  # the call's chunks go to the event loop at once
+        try:
+            self._deliver(jobs, pcm, dt / len(jobs), outbox)
+        finally:  # what was made goes out before any error that fails these streams
+            outbox.flush()
+
+    def _deliver(self, jobs: list[DecodeJob], pcm: list[np.ndarray], share: float, outbox: Outbox) -> None:
         for job, samples in zip(jobs, pcm, strict=True):
             w = job.warm
             if w:  # the prefix's frames: decoded for the codec's state, not sent
@@ -377,8 +383,9 @@ class DecodeWorker:
                     step=job.step,
                     tick=job.tick,
                     is_last=job.is_last,
-                )
+                ),
+                outbox,
             )
             if job.is_last:
                 self.codec.forget(job.rid)  # before the consumer learns the stream is over
-                job.sink.finish()
+                job.sink.finish(outbox)
