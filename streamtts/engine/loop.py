@@ -132,7 +132,9 @@ class EngineCore:
         a = ids.audio_rows
         h = backbone.n_embd
         self.n_ctx_seq = backbone.n_ctx_seq
-        self.slots = SlotTable(cap)
+        # new frames wait at most for the largest chunk, behind at most n_vq - 1 warm-up ones
+        # (a continuation's prefix frames that its first steps complete)
+        self.slots = SlotTable(cap, k, max(cfg.chunk_frames) + k - 1)
         self.kernels = kernels
         self.states = kernels.delay_states(cap, ids)
         self.assembler = FrameAssembler(cap, k, ids.audio_pad_code)
@@ -177,6 +179,7 @@ class EngineCore:
         self.profile = StepProfile()
         self.ticks = 0  # engine ticks so far (prefill-only ticks included)
         self.chunk_frames = list(cfg.chunk_frames)
+        self._chunk_arr = np.asarray(self.chunk_frames, dtype=np.int64)  # the same, for _due
         self.tick_s = 0.0  # moving average of the tick time (for the chunk policy)
         self.decode_margin_s = 0.05  # time allowed for a decode window to reach the listener
 
@@ -294,11 +297,11 @@ class EngineCore:
         Its rows go into the frame assembler as if generated, so the first steps complete
         the prefix's last frames; the frames it completes already are pending as warm-up:
         the codec decodes them for its state and their samples are not sent."""
-        t = s.prefix_frames = s.req.audio_prefix_rows
+        t = s.req.audio_prefix_rows
         known = self.assembler.seed(slot, s.req.prompt[-t:, 1:])
         known = known[np.any(known != self.ids.audio_pad_code, axis=1)]  # as a push's `ready`
-        s.pending = list(known)
-        s.warm = len(s.pending)
+        s.lead = known if known.shape[0] else None
+        self.slots.prefix_frames[slot] = t
 
     def _abort(self, rid: int) -> None:
         slot = self.slots.find(rid)
@@ -569,7 +572,10 @@ class EngineCore:
         return self.heads.text_logits(self.hidden[i])
 
     def _route(self, run: np.ndarray, frames: np.ndarray, ready: np.ndarray, index: np.ndarray) -> None:
-        """Hand finished frames to the decode thread and close finished streams."""
+        """Hand finished frames to the decode thread and close finished streams.
+
+        All the step's frames go into the slot table at once; Python looks only at the
+        streams that send a chunk or end this tick."""
         n_vq = self.ids.n_vq
         st = self.states
         tab = self.slots
@@ -580,64 +586,74 @@ class EngineCore:
             | (tab.kv_pos[run] >= self.n_ctx_seq)
         )
         now = time.monotonic()
-        for i in np.flatnonzero(ready | done).tolist():
+        got = np.flatnonzero(ready)
+        if got.size == run.size:  # the usual tick: every stream completed a frame
+            tab.add_pending(run, frames, index)
+            send = done | self._due(run, now)
+        else:
+            tab.add_pending(run[got], frames[got], index[got])
+            send = done.copy()
+            send[got] |= self._due(run[got], now)
+        for i in np.flatnonzero(send).tolist():
             slot = int(run[i])
-            s = tab.streams[slot]
-            assert s is not None
-            if ready[i]:
-                f = int(index[i]) - s.prefix_frames  # a continuation's new frames count from 0
-                if f < 0:
-                    s.warm += 1  # the prefix's last frames: warm-up, like those seeded
-                elif len(s.pending) == s.warm:
-                    s.pending_first = f
-                s.pending.append(frames[i].copy())
             if done[i]:
+                s = tab.streams[slot]
+                assert s is not None
                 s.req.stats.finish_reason = self._finish_reason(slot)
-                self._emit(slot, s, now, last=True)  # frees the slot before the last chunk goes out
-            elif len(s.pending) > s.warm and self._due(s, now):
-                self._emit(slot, s, now, last=False)
+                self._emit(slot, now, last=True)  # frees the slot before the last chunk goes out
+            else:
+                self._emit(slot, now, last=False)
 
-    def _due(self, s: Stream, now: float) -> bool:
-        """Send the pending frames now? At the chunk target, or before a listener would run dry.
+    def _due(self, slots: np.ndarray, now: float) -> np.ndarray:
+        """Which of ``slots`` (each just given a frame) send their new frames now? At the
+        chunk target, or before a listener would run dry.
 
         A real-time listener started at the first chunk has ``slack`` seconds of
         audio left; waiting for a full chunk costs the remaining frames' ticks plus
         a decode, so send early when that would exhaust the slack.
         """
-        target = self.chunk_frames[min(s.chunk_index, len(self.chunk_frames) - 1)]
-        missing = target - (len(s.pending) - s.warm)
-        if missing <= 0:
-            return True
-        slack = s.t_first_emit + s.frames_sent * FRAME_S - now
-        return slack < missing * self.tick_s + self.decode_margin_s
+        tab = self.slots
+        new = tab.pend_n[slots] - tab.warm[slots]
+        target = self._chunk_arr[np.minimum(tab.chunk_index[slots], self._chunk_arr.size - 1)]
+        missing = target - new
+        slack = tab.t_first_emit[slots] + tab.frames_sent[slots] * FRAME_S - now
+        late = slack < missing * self.tick_s + self.decode_margin_s
+        due: np.ndarray = (new > 0) & ((missing <= 0) | late)
+        return due
 
-    def _emit(self, slot: int, s: Stream, now: float, last: bool) -> None:
-        codes = np.stack(s.pending) if s.pending else self._empty
-        n = codes.shape[0] - s.warm  # new frames (the warm-up ones lead)
+    def _emit(self, slot: int, now: float, last: bool) -> None:
+        tab = self.slots
+        s = tab.streams[slot]
+        assert s is not None
+        warm = int(tab.warm[slot])
+        n = int(tab.pend_n[slot]) - warm  # new frames (the warm-up ones lead)
         if n == 0 and not last:
             return
-        s.req.stats.steps = int(self.slots.steps[slot])
-        s.req.stats.step_s = float(self.slots.step_s[slot])
-        if s.frames_sent == 0 and n:
-            s.t_first_emit = now
+        codes = tab.take_pending(slot)
+        if s.lead is not None:  # a continuation's first chunk: the prefix's known frames lead
+            codes = np.concatenate([s.lead, codes])
+            warm += s.lead.shape[0]
+            s.lead = None
+        s.req.stats.steps = int(tab.steps[slot])
+        s.req.stats.step_s = float(tab.step_s[slot])
+        if tab.frames_sent[slot] == 0 and n:
+            tab.t_first_emit[slot] = now
         s.req.stats.frames += n
         rows = None
-        if self.slots.keep_rows[slot]:
+        if tab.keep_rows[slot]:
             rows = np.stack(s.rows) if s.rows else self._out[:0]
             s.rows = []
         job = DecodeJob(
-            s.req.rid, s.req.sink, codes, s.pending_first, int(self.slots.steps[slot]) - 1,
-            is_last=last, tick=self.ticks, warm=s.warm, rows=rows,
+            s.req.rid, s.req.sink, codes, int(tab.pending_first[slot]), int(tab.steps[slot]) - 1,
+            is_last=last, tick=self.ticks, warm=warm, rows=rows,
         )
-        s.warm = 0
         if last:  # the slot and its KV cells are free before its listener hears the end
             self._free(slot, job)
             return
         self.decoder.submit(job)
-        s.frames_sent += n
-        self.slots.audio_due[slot] = s.t_first_emit + s.frames_sent * FRAME_S
-        s.chunk_index += 1
-        s.pending = []
+        tab.frames_sent[slot] += n
+        tab.audio_due[slot] = tab.t_first_emit[slot] + tab.frames_sent[slot] * FRAME_S
+        tab.chunk_index[slot] += 1
 
     def _finish_reason(self, slot: int) -> str:
         if self.states.is_stopping[slot]:

@@ -74,6 +74,7 @@ class Scheduler:
         self.max_prefill = max(1, min(cfg.prefill_chunk, cfg.n_batch))
         self.joining: list[int] = []  # slots still prefilling, in admission order
         self._run_cache: np.ndarray | None = None
+        self._paused: list[int] = []  # slots paused by backpressure
 
     # -- bookkeeping the engine reports --------------------------------------------------
     def admitted(self, slot: int) -> None:
@@ -98,21 +99,8 @@ class Scheduler:
         return plan
 
     def _running(self) -> np.ndarray:
-        changed = False
-        hi, lo = self.cfg.max_buffered_s, self.cfg.resume_buffered_s
-        for s in self.slots.streams:
-            if s is None or not s.running:
-                continue
-            b = s.buffered_s()
-            if s.paused and b < lo:
-                s.paused, changed = False, True
-            elif not s.paused and b > hi:
-                s.paused, changed = True, True
-        if changed or self._run_cache is None:
-            self._run_cache = np.array(
-                [i for i, s in enumerate(self.slots.streams) if s is not None and s.running and not s.paused],
-                dtype=np.int64,
-            )
+        if self._backpressure() or self._run_cache is None:
+            self._run_cache = self._runnable()
         run = self._run_cache
         if run.size < 2:
             return run
@@ -132,6 +120,43 @@ class Scheduler:
             if between.size > run.size and not 0 < limit < between.size:
                 run = between
         return run
+
+    def _runnable(self) -> np.ndarray:
+        """The slots of the streams that are prefilled and not paused, ascending."""
+        streams = self.slots.streams
+        on = [i for i, s in enumerate(streams) if s is not None and s.running and not s.paused]
+        return np.array(on, dtype=np.int64)
+
+    def _backpressure(self) -> bool:
+        """Pause the streams more than ``max_buffered_s`` ahead of their consumer, resume
+        them under ``resume_buffered_s``; True when any changed.
+
+        Buffered audio grows only when frames are sent (the consumer only takes), so a
+        stepping stream's check can change nothing until its ``frames_sent`` moves: only
+        those are checked (``bp_seen``), and the paused ones, each tick."""
+        tab = self.slots
+        hi, lo = self.cfg.max_buffered_s, self.cfg.resume_buffered_s
+        changed = False
+        for slot in list(self._paused) if self._paused else ():  # first: none is checked twice
+            s = tab.streams[slot]
+            if s is None or not s.paused:  # released (or given to a new stream) meanwhile
+                self._paused.remove(slot)
+            elif s.running and tab.buffered_s(slot) < lo:
+                s.paused, changed = False, True
+                self._paused.remove(slot)
+                tab.bp_seen[slot] = -1  # checked again next tick, as one whose frames_sent moved
+        if self._run_cache is None:
+            self._run_cache = self._runnable()
+        run = self._run_cache
+        for slot in run[tab.frames_sent[run] != tab.bp_seen[run]].tolist():
+            s = tab.streams[slot]
+            if s is None or not s.running or s.paused:  # a cache out of date: rebuilt after
+                continue
+            tab.bp_seen[slot] = tab.frames_sent[slot]
+            if tab.buffered_s(slot) > hi:
+                s.paused, changed = True, True
+                self._paused.append(slot)
+        return changed
 
     def _plan_prefill(self, plan: Plan) -> None:
         budget = self.max_prefill

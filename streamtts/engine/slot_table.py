@@ -1,10 +1,11 @@
 """The engine's slot table: one row per stream slot (= llama.cpp sequence id).
 
 What the hot path reads for every running stream at once lives in NumPy columns
-(``kv_pos[run]``, ``steps[run]``, ...); what only the rare paths touch (the
-request, its prefill progress, frames waiting for the decode thread) lives in a
-:class:`Stream` object. ``reset`` fills a whole row for a new stream and
-``release`` empties it, so no column is ever left holding a previous stream's value.
+(``kv_pos[run]``, ``steps[run]``, the frames waiting for the decode thread in
+``pend[slot, :pend_n[slot]]``, ...); what only the rare paths touch (the request,
+its prefill progress, backpressure) lives in a :class:`Stream` object. ``reset``
+fills a whole row for a new stream and ``release`` empties it, so no column is ever
+left holding a previous stream's value.
 """
 
 from __future__ import annotations
@@ -25,30 +26,17 @@ class Stream:
     fed: int = 0  # prompt rows already in the KV cache
     running: bool = False  # prefill done, stepping
     paused: bool = False  # backpressure
-    frames_sent: int = 0  # frames handed to the decode thread
-    pending: list[np.ndarray] = field(default_factory=list)  # complete frames not yet sent
-    pending_first: int = 0  # frame index of pending[0]
-    chunk_index: int = 0  # chunks sent so far (picks the chunk size)
-    t_first_emit: float = 0.0
-    # continuation: the leading pending frames that are the audio prefix's (they warm the
-    # codec; their samples are not sent), and how many frames the prefix has
-    warm: int = 0
-    prefix_frames: int = 0
+    # continuation: the frames its audio prefix completes, warm-up that leads its first chunk
+    # (kept here, not in SlotTable.pend: a prefix may be long, and only one chunk needs them)
+    lead: np.ndarray | None = None
     rows: list[np.ndarray] = field(default_factory=list)  # keep_rows: generated rows not yet sent
-
-    def buffered_s(self) -> float:
-        """Audio handed to the decode thread and not yet taken by the consumer.
-
-        Counting from what was *sent* (not what the decode thread has delivered) keeps
-        backpressure exact when the codec lags: frames in flight are buffered audio too.
-        """
-        return self.frames_sent * FRAME_S - float(self.req.sink.consumed_samples) / SAMPLE_RATE
 
 
 class SlotTable:
-    """Per-slot state of ``capacity`` stream slots."""
+    """Per-slot state of ``capacity`` stream slots; ``pend_frames`` frames of ``n_vq``
+    codes can wait per slot (``add_pending`` makes room for more rather than drop one)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, n_vq: int = 0, pend_frames: int = 1) -> None:
         self.capacity = capacity
         self.streams: list[Stream | None] = [None] * capacity
         self.kv_pos = np.zeros(capacity, dtype=np.int32)  # next KV position of the sequence
@@ -61,6 +49,19 @@ class SlotTable:
         self.audio_due = np.full(capacity, -np.inf, dtype=np.float64)
         self.keep_rows = np.zeros(capacity, dtype=bool)  # the stream wants its raw rows
         self.n_keep_rows = 0
+        # complete frames not yet sent: pend[slot, :pend_n[slot]], the first `warm` of them a
+        # continuation's prefix frames the first steps complete (they warm the codec; their
+        # samples are not sent); frames completed before generation are in Stream.lead
+        self.pend = np.zeros((capacity, max(pend_frames, 1), n_vq), dtype=np.int64)
+        self.pend_n = np.zeros(capacity, dtype=np.int64)
+        self.warm = np.zeros(capacity, dtype=np.int64)
+        self.pending_first = np.zeros(capacity, dtype=np.int64)  # frame index of the first new one
+        self.prefix_frames = np.zeros(capacity, dtype=np.int64)  # continuation: the prefix's frames
+        self.frames_sent = np.zeros(capacity, dtype=np.int64)  # frames handed to the decode thread
+        self.chunk_index = np.zeros(capacity, dtype=np.int64)  # chunks sent so far (picks the size)
+        self.t_first_emit = np.zeros(capacity, dtype=np.float64)
+        # frames_sent when backpressure last looked at the slot (-1: not yet): see Scheduler
+        self.bp_seen = np.full(capacity, -1, dtype=np.int64)
 
     def free_slot(self) -> int | None:
         for i, s in enumerate(self.streams):
@@ -78,19 +79,58 @@ class SlotTable:
                 return i
         return None
 
+    def buffered_s(self, slot: int) -> float:
+        """Audio handed to the decode thread and not yet taken by the consumer.
+
+        Counting from what was *sent* (not what the decode thread has delivered) keeps
+        backpressure exact when the codec lags: frames in flight are buffered audio too.
+        """
+        s = self.streams[slot]
+        assert s is not None
+        sent = int(self.frames_sent[slot]) * FRAME_S
+        return sent - float(s.req.sink.consumed_samples) / SAMPLE_RATE
+
+    def grow_pending(self, frames: int) -> None:
+        """Room for ``frames`` pending frames per slot."""
+        cap, have, n_vq = self.pend.shape
+        if frames <= have:
+            return
+        pend = np.zeros((cap, max(frames, 2 * have), n_vq), dtype=np.int64)
+        pend[:, :have] = self.pend
+        self.pend = pend
+
+    def add_pending(self, slots: np.ndarray, frames: np.ndarray, index: np.ndarray) -> None:
+        """Append frame ``index[i]`` (``frames[i]``) to the pending frames of ``slots[i]``
+        (distinct slots), all at once; a continuation's prefix frames count as warm-up."""
+        n = self.pend_n[slots]
+        if n.size and int(n.max()) >= self.pend.shape[1]:
+            # not expected (a chunk goes out at its target, behind < n_vq warm-up frames here)
+            self.grow_pending(int(n.max()) + 1)
+        self.pend[slots, n] = frames
+        f = index - self.prefix_frames[slots]  # a continuation's new frames count from 0
+        warm = self.warm[slots]
+        new = f >= 0
+        first = new & (n == warm)  # the first new frame of the next chunk
+        self.pending_first[slots[first]] = f[first]
+        self.warm[slots] = warm + ~new
+        self.pend_n[slots] = n + 1
+
+    def take_pending(self, slot: int) -> np.ndarray:
+        """The slot's pending frames, as an array of their own (the buffer is reused); the
+        slot then has none."""
+        n = int(self.pend_n[slot])
+        codes = self.pend[slot, :n].copy()
+        self.pend_n[slot] = self.warm[slot] = 0
+        return codes
+
     def reset(self, slot: int, req: PreparedRequest) -> Stream:
         """Give ``slot`` to ``req``: every column starts fresh."""
         s = self.streams[slot] = Stream(req)
-        self.kv_pos[slot] = 0
-        self.steps[slot] = 0
-        self.step_s[slot] = 0.0
+        self._clear(slot)
         self.max_new[slot] = req.max_new_tokens
-        if self.fixed[slot] >= 0:  # a slot given again without a release
-            self.n_fixed -= 1
         self.fixed[slot] = -1 if req.fixed_frames is None else req.fixed_frames
         self.n_fixed += req.fixed_frames is not None
-        self.audio_due[slot] = -np.inf
-        self.n_keep_rows += int(req.keep_rows) - int(self.keep_rows[slot])
+        self.n_keep_rows += int(req.keep_rows)
         self.keep_rows[slot] = req.keep_rows
         return s
 
@@ -98,6 +138,11 @@ class SlotTable:
         """Empty ``slot``; returns the stream that held it (None if it was free)."""
         s = self.streams[slot]
         self.streams[slot] = None
+        self._clear(slot)
+        return s
+
+    def _clear(self, slot: int) -> None:
+        """Every column of ``slot`` as for a free slot (the counts of the flags kept right)."""
         self.kv_pos[slot] = 0
         self.steps[slot] = 0
         self.step_s[slot] = 0.0
@@ -108,4 +153,12 @@ class SlotTable:
         self.audio_due[slot] = -np.inf
         self.n_keep_rows -= int(self.keep_rows[slot])
         self.keep_rows[slot] = False
-        return s
+        self.pend[slot] = 0
+        self.pend_n[slot] = 0
+        self.warm[slot] = 0
+        self.pending_first[slot] = 0
+        self.prefix_frames[slot] = 0
+        self.frames_sent[slot] = 0
+        self.chunk_index[slot] = 0
+        self.t_first_emit[slot] = 0.0
+        self.bp_seen[slot] = -1

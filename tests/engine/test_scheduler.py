@@ -143,12 +143,26 @@ def test_backpressure_pauses_and_resumes_with_hysteresis() -> None:
     admit(sched, slots, 0, req, running=True)
     s = slots.streams[0]
     assert s is not None
-    s.frames_sent = 20  # 1.6 s sent, none consumed
+    slots.frames_sent[0] = 20  # 1.6 s sent, none consumed
     assert sched.schedule().decode.size == 0 and s.paused
     req.sink.consumed_samples = int(0.8 * SAMPLE_RATE)  # 0.8 s buffered: still paused
     assert sched.schedule().decode.size == 0
     req.sink.consumed_samples = int(1.2 * SAMPLE_RATE)  # 0.4 s buffered: resume
     assert sched.schedule().decode.tolist() == [0] and not s.paused
+    slots.frames_sent[0] = 30  # 1.2 s more sent (2.4 s in all): 1.2 s buffered, paused again
+    assert sched.schedule().decode.size == 0 and s.paused
+
+
+def test_backpressure_of_a_released_slot_is_forgotten() -> None:
+    sched, slots, _ = make(max_buffered_s=1.0, resume_buffered_s=0.5)
+    admit(sched, slots, 0, request(1, 10), running=True)
+    slots.frames_sent[0] = 20
+    assert sched.schedule().decode.size == 0
+    slots.release(0)
+    sched.released(0)
+    admit(sched, slots, 0, request(2, 10), running=True)  # the slot's next stream starts unpaused
+    s = slots.streams[0]
+    assert s is not None and sched.schedule().decode.tolist() == [0] and not s.paused
 
 
 def test_streams_far_ahead_skip_steps_while_a_newcomer_waits_for_audio() -> None:
@@ -185,3 +199,36 @@ def test_slot_table_reset_and_release_leave_no_stale_column() -> None:
     assert tab.release(1) is not None
     assert (tab.kv_pos[1], tab.steps[1], tab.max_new[1], tab.fixed[1]) == (0, 0, 0, -1)
     assert np.isneginf(tab.audio_due[1]) and tab.active == 0 and tab.find(7) is None
+
+
+def test_slot_table_pending_frames_columns_start_fresh() -> None:
+    tab = SlotTable(2, n_vq=3, pend_frames=2)
+    tab.reset(1, request(7, 10))
+    tab.prefix_frames[1] = 3
+    tab.add_pending(np.array([1]), np.ones((1, 3), np.int64), np.array([0]))
+    tab.frames_sent[1], tab.chunk_index[1], tab.t_first_emit[1], tab.bp_seen[1] = 8, 2, 5.0, 8
+    tab.release(1)
+    cols = (tab.pend_n, tab.warm, tab.pending_first, tab.prefix_frames, tab.frames_sent)
+    assert [int(c[1]) for c in cols] == [0] * 5 and tab.chunk_index[1] == 0
+    assert tab.t_first_emit[1] == 0.0 and tab.bp_seen[1] == -1
+    assert not tab.pend[1].any()
+
+
+def test_pending_frames_keep_order_warm_up_and_first_frame() -> None:
+    """A continuation of 3 prefix frames: those the steps complete are warm-up, then new
+    frames count from 0; a full buffer grows rather than drop a frame."""
+    tab = SlotTable(2, n_vq=2, pend_frames=2)
+    tab.reset(0, request(1, 10))
+    tab.reset(1, request(2, 10))
+    tab.prefix_frames[0] = 3
+    slots = np.array([0, 1])
+    for i in range(4):  # slot 0 completes frames 2, 3, 4, 5; slot 1 frames 0, 1, 2, 3
+        tab.add_pending(slots, np.array([[2 + i, 2 + i], [10 + i, 10 + i]]), np.array([2 + i, i]))
+    assert tab.pend.shape[1] >= 4
+    assert tab.pend_n.tolist() == [4, 4] and tab.warm.tolist() == [1, 0]
+    assert tab.pending_first.tolist() == [0, 0]
+    codes = tab.take_pending(0)
+    assert codes[:, 0].tolist() == [2, 3, 4, 5] and tab.pend_n[0] == 0 and tab.warm[0] == 0
+    tab.add_pending(slots[:1], np.array([[6, 6]]), np.array([6]))
+    assert tab.pending_first[0] == 3 and codes[-1, 0] == 5  # the taken array is its own
+    assert tab.take_pending(1)[:, 0].tolist() == [10, 11, 12, 13]
