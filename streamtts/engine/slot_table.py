@@ -39,6 +39,7 @@ class SlotTable:
     def __init__(self, capacity: int, n_vq: int = 0, pend_frames: int = 1) -> None:
         self.capacity = capacity
         self.streams: list[Stream | None] = [None] * capacity
+        self._active = 0
         self.kv_pos = np.zeros(capacity, dtype=np.int32)  # next KV position of the sequence
         self.steps = np.zeros(capacity, dtype=np.int64)  # generation steps taken
         self.step_s = np.zeros(capacity, dtype=np.float64)  # wall time of the ticks it stepped in
@@ -71,7 +72,8 @@ class SlotTable:
 
     @property
     def active(self) -> int:
-        return sum(s is not None for s in self.streams)
+        """Slots holding a stream (a count kept by reset and release: the loop asks every tick)."""
+        return self._active
 
     def find(self, rid: int) -> int | None:
         for i, s in enumerate(self.streams):
@@ -125,6 +127,7 @@ class SlotTable:
 
     def reset(self, slot: int, req: PreparedRequest) -> Stream:
         """Give ``slot`` to ``req``: every column starts fresh."""
+        self._active += self.streams[slot] is None
         s = self.streams[slot] = Stream(req)
         self._clear(slot)
         self.max_new[slot] = req.max_new_tokens
@@ -137,6 +140,7 @@ class SlotTable:
     def release(self, slot: int) -> Stream | None:
         """Empty ``slot``; returns the stream that held it (None if it was free)."""
         s = self.streams[slot]
+        self._active -= s is not None
         self.streams[slot] = None
         self._clear(slot)
         return s
