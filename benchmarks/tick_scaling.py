@@ -4,12 +4,12 @@ Step by step:
 
 1. ``streamtts bench --null-backbone --concurrency N --frames F`` (a zero-cost backbone: the
    sampling, state machines, embedding sums, frame routing and codec thread are all that
-   run) under ``taskset -c ONE`` and under ``taskset -c MANY``, alternated ``--pairs`` times so
+   run; ``--null-codec``: a zero-cost codec too, the tick's CPU side alone) under ``taskset -c ONE`` and under ``taskset -c MANY``, alternated ``--pairs`` times so
    the machine's drift spreads over both;
 2. with ``--single-thread-too``, a third run on MANY cores with ``--tick-threads 1`` (the tick
    on the engine thread alone: what the pool's threads add);
-3. prints each run's frames/s, ms/tick (wall time per tick of a stream, prompt end to last
-   audio), ms/step (a tick's decode and sampling) and TTFA, then the medians of the per-pair
+3. prints each run's frames/s, ms/tick (wall time per tick of a stream, first audio to last:
+   the steady state), ms/step (a tick's decode and sampling) and TTFA, then the medians of the per-pair
    ratios many/one (for ms figures one/many: above 1 is faster).
 
 A benchmark: it reports, it asserts nothing. Run it on a quiet machine.
@@ -35,7 +35,7 @@ FIGURES = (
 )
 
 
-def bench(cpus: str, n: int, frames: int, config: str | None, tick_threads: int | None) -> dict[str, Any]:
+def bench(cpus: str, n: int, frames: int, config: str | None, tick_threads: int | None, null_codec: bool) -> dict[str, Any]:
     """One ``streamtts bench --null-backbone`` run pinned to ``cpus``: its level row."""
     with tempfile.TemporaryDirectory(prefix="tick-scaling-") as tmp:
         out = Path(tmp) / "bench.json"
@@ -45,6 +45,8 @@ def bench(cpus: str, n: int, frames: int, config: str | None, tick_threads: int 
             cmd += ["--config", config]
         if tick_threads is not None:
             cmd += ["--tick-threads", str(tick_threads)]
+        if null_codec:
+            cmd += ["--null-codec"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         res = json.loads(out.read_text())
     row: dict[str, Any] = res["levels"][-1]
@@ -61,6 +63,7 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--config", help="YAML config; default: the demo model")
     p.add_argument("--single-thread-too", action="store_true", help="also MANY cores with --tick-threads 1")
+    p.add_argument("--null-codec", action="store_true", help="a zero-cost codec too: the tick's CPU side alone")
     p.add_argument("--json", help="write every run and the ratios to this file")
     args = p.parse_args()
     if not hasattr(os, "sched_getaffinity"):
@@ -69,10 +72,11 @@ def main() -> int:
     for i in range(args.pairs):
         order = ("one", "many") if i % 2 == 0 else ("many", "one")
         for kind in order:
-            runs[kind].append(bench(getattr(args, kind), args.concurrency, args.frames, args.config, None))
+            runs[kind].append(bench(getattr(args, kind), args.concurrency, args.frames, args.config, None, args.null_codec))
         if args.single_thread_too:
-            runs["many_1thread"].append(bench(args.many, args.concurrency, args.frames, args.config, 1))
-    print(f"{args.concurrency} streams, {args.frames} frames, --null-backbone; one = cpus {args.one}, many = cpus {args.many}")
+            runs["many_1thread"].append(bench(args.many, args.concurrency, args.frames, args.config, 1, args.null_codec))
+    flags = "--null-backbone" + (" --null-codec" if args.null_codec else "")
+    print(f"{args.concurrency} streams, {args.frames} frames, {flags}; one = cpus {args.one}, many = cpus {args.many}")
     for kind, rows in runs.items():
         for r in rows:
             cells = "  ".join(f"{label} {r[key]:.2f}" for key, label, _ in FIGURES)

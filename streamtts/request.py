@@ -136,6 +136,7 @@ class StreamStats:
     t_admitted: float = 0.0  # got a slot
     t_prefilled: float = 0.0
     t_first_audio: float = 0.0  # first chunk handed to the consumer
+    first_audio_step: int = 0  # the step that completed the first chunk's last frame
     t_done: float = 0.0
     prepare_s: float = 0.0  # normalise + tokenise + reference + prompt embedding
     step_s: float = 0.0  # summed wall time of the ticks this stream took part in
@@ -163,11 +164,12 @@ class StreamStats:
 
     @property
     def ms_per_tick(self) -> float:
-        """Wall time per step from the prompt's end to the last audio: the tick as the stream
-        lived it, with all the engine and the machine did between its steps."""
-        if not (self.steps and self.t_prefilled and self.t_done):
+        """Wall time per step from the first audio to the last: the tick as the listener lives
+        it once audio flows, with all the engine and the machine did between its steps."""
+        steps = self.steps - self.first_audio_step
+        if not (steps > 0 and self.t_first_audio and self.t_done):
             return float("nan")
-        return 1000.0 * (self.t_done - self.t_prefilled) / self.steps
+        return 1000.0 * (self.t_done - self.t_first_audio) / steps
 
     def as_dict(self) -> dict[str, Any]:
         return {

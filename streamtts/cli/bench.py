@@ -4,7 +4,9 @@ A benchmark, not a test: it reports, it asserts nothing. ``--null-backbone``
 swaps llama.cpp for a zero-cost stand-in (same scheduler, sampling, state machine,
 frame routing and codec) to measure the orchestration alone, as at GPU speeds: it
 hands back the head logits as a GPU's fused heads do (``heads_backend: numpy`` in
-the config keeps the NumPy heads instead).
+the config keeps the NumPy heads instead). ``--null-codec`` swaps the codec for silence;
+with both, what is left is the CPU side of a tick (sampling, state machines, embedding
+sums, frame routing and delivery).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..constants import FRAME_S
+from ..constants import FRAME_S, FRAME_SAMPLES
 from ..model.backbone import KV_PAD
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,33 @@ class NullBackbone:
 
     def close(self) -> None:
         pass
+
+
+class NullCodec:
+    """Zero-cost stand-in for the codec: silence of the right length, nothing decoded (what
+    is left is the engine's own work: sampling, state machines, routing, delivery)."""
+
+    kind = "null"
+    max_batch = 1 << 16
+
+    def room(self) -> int | None:
+        return None
+
+    def knows(self, rid: int) -> bool:
+        return False
+
+    def decode(self, jobs: list[Any]) -> list[np.ndarray]:
+        return [np.zeros(j.codes.shape[0] * FRAME_SAMPLES, dtype=np.float32) for j in jobs]
+
+    def forget(self, rid: int) -> None:
+        pass
+
+    def warm_up(self) -> None:
+        pass
+
+
+def null_codec_factory(cfg: Any, ids: Any) -> NullCodec:
+    return NullCodec()
 
 
 def null_backbone_factory(params: Any) -> NullBackbone:
@@ -195,6 +224,8 @@ def _make_engine(args: argparse.Namespace, levels: list[int]) -> Any:
         decode_context_frames=args.context_frames,
         tick_threads=args.tick_threads,
     )
+    if args.null_codec:
+        engine.codec_factory = null_codec_factory
     if args.null_backbone:
         engine.backbone_factory = null_backbone_factory
         if engine.config.heads_backend == "auto":
@@ -215,7 +246,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     # ratios are medians of those pairs (the machine's drift between them cancels out)
     paired = bool(args.kernel_bound and not args.null_backbone and args.arrival == "burst")
     sessions, reps = (args.repeat, 1) if paired else (1, args.repeat)
-    out: dict[str, Any] = {"levels": [], "machine": platform.machine(), "null_backbone": bool(args.null_backbone)}
+    out: dict[str, Any] = {
+        "levels": [], "machine": platform.machine(), "null_backbone": bool(args.null_backbone),
+        "null_codec": bool(args.null_codec),
+    }  # fmt: skip
     runs: list[dict[str, Any]] = []
     kbs: list[dict[str, Any]] = []
     for _ in range(sessions):
@@ -502,7 +536,7 @@ LEGEND = (
     "wall-clock second. TTFA: time to first audio, request to first chunk. RTF: real-time factor, "
     "generation time / audio length (< 1 is faster than real time). x1: relative to 1 stream. "
     "real time: streams with RTF < 1. ms/step: a tick's decode and sampling (a tick: all streams "
-    "advance one frame). ms/tick: wall time per tick from a stream's prompt end to its last audio "
+    "advance one frame). ms/tick: wall time per tick from a stream's first audio to its last "
     "(all the machine did meanwhile: routing, the codec, the other threads)."
 )
 KERNEL_LEGEND = (
@@ -524,7 +558,8 @@ def print_table(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title = "streamtts bench" + (" (zero-cost backbone)" if res["null_backbone"] else "")
+    stand_ins = [name for name, on in (("backbone", res["null_backbone"]), ("codec", res.get("null_codec"))) if on]
+    title = "streamtts bench" + (f" (zero-cost {' and '.join(stand_ins)})" if stand_ins else "")
     legend = LEGEND
     cols = list(COLUMNS)
     if "kernel_bound" in res:
@@ -585,6 +620,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--context-frames", type=int, help="codec left context (decode_context_frames); default: the config's")
     p.add_argument("--null-backbone", action="store_true", help="zero-cost backbone: orchestration only")
     p.add_argument(
+        "--null-codec", action="store_true",
+        help="zero-cost codec (silence, nothing decoded): with --null-backbone, the CPU side of a tick alone",
+    )  # fmt: skip
+    p.add_argument(
         "--arrival", choices=["burst", "joining"], default="burst",
         help="burst: N streams start at once; joining: N-1 run, then --joiners streams join one by one",
     )  # fmt: skip
@@ -606,6 +645,8 @@ def _check(args: argparse.Namespace) -> None:
     check_config(args)
     if args.json and args.json != "-":
         check_output_file(args.json, "--json", audio=False)
+    if args.null_codec and args.kernel_bound:
+        raise UsageError("--kernel-bound times the real codec beside llama.cpp: drop --null-codec")
     if args.tick_threads is not None and args.tick_threads < 0:
         raise UsageError("--tick-threads must be >= 0 (0 = automatic)")
     if any(n < 1 for n in args.concurrency) or args.frames < 1 or args.repeat < 1 or args.joiners < 1:

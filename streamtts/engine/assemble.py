@@ -166,7 +166,8 @@ def _take_turns(cfg: EngineConfig, codec: StreamingCodec | WindowedCodec, on_gpu
         return False
     if isinstance(codec, StreamingCodec):
         return codec.decoder.device == "cpu"
-    return getattr(codec.decoder, "provider", None) == "CPUExecutionProvider"  # ONNX Runtime on the CPU
+    # ONNX Runtime on the CPU (a stand-in codec has no decoder)
+    return getattr(getattr(codec, "decoder", None), "provider", None) == "CPUExecutionProvider"
 
 
 def _layers_on_gpu(cfg: EngineConfig) -> bool:
@@ -201,7 +202,13 @@ def _member_defaults(cfg: EngineConfig, mc: Path | None) -> tuple[EngineConfig, 
     return out, member.kind
 
 
-def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | None = None) -> Runtime:
+def build_runtime(
+    cfg: EngineConfig,
+    backbone_factory: Callable[[Any], Any] | None = None,
+    codec_factory: Callable[[EngineConfig, TokenIds], Any] | None = None,
+) -> Runtime:
+    """The engine's parts from ``cfg``; the factories put stand-ins in the backbone's or the
+    codec's place (``streamtts bench --null-backbone / --null-codec``)."""
     from threadpoolctl import threadpool_limits
 
     from ..codec import load_decoder, load_encoder, load_streaming_decoder
@@ -277,7 +284,7 @@ def build_runtime(cfg: EngineConfig, backbone_factory: Callable[[Any], Any] | No
         embedder = Embedder(cfg.embedding_dir, ids, n_embd=backbone.n_embd)
         heads = None if fused else AudioHeads(cfg.lm_head_dir, ids, backbone.n_embd, threads=cfg.heads_threads or threads)
         before = thread_ids()  # the codec's runtime starts its worker threads on load
-        codec = _codec(cfg, ids, load_decoder, load_streaming_decoder)
+        codec = codec_factory(cfg, ids) if codec_factory else _codec(cfg, ids, load_decoder, load_streaming_decoder)
         codec_threads = frozenset(thread_ids() - before)
         turns = CoreTurns(_take_turns(cfg, codec, on_gpu=on_gpu))
         worker = DecodeWorker(codec, nice=cfg.codec_nice, codec_threads=codec_threads, turns=turns)
@@ -376,7 +383,9 @@ def _codec_line(worker: DecodeWorker, cfg: EngineConfig) -> str:
             f"streaming (exact; {dec.path.name} on the {dec.device.upper()}, state "
             f"{dec.state_bytes_per_slot / 2**20:.1f} MiB per stream x {dec.n_slots} slots)"
         )
-    ctx = codec.context_frames if isinstance(codec, WindowedCodec) else cfg.decode_context_frames
+    if not isinstance(codec, WindowedCodec):
+        return f"{codec.kind} (a stand-in: no decoding)"
+    ctx = codec.context_frames
     return (
         f"windowed ({ctx} frames of left context; for exact, cheaper "
         f"streaming build decoder_streaming.onnx with `streamtts codec build`)"

@@ -72,6 +72,13 @@ class DecodeJob:
         return self.codes.shape[0] > 0 and self.error is None and not self.drop
 
 
+def _add(pending: list[DecodeJob], item: DecodeJob | list[DecodeJob]) -> None:
+    if isinstance(item, list):
+        pending.extend(item)
+    else:
+        pending.append(item)
+
+
 class _Codec(Protocol):
     """How a batch of streams' new frames becomes their new samples."""
 
@@ -229,7 +236,8 @@ class DecodeWorker:
         self.nice = nice  # codec_nice: this thread and the codec's own (codec_threads)
         self._codec_threads = codec_threads
         self.max_batch = max(1, min(max_batch or codec.max_batch, codec.max_batch))
-        self._jobs: queue.SimpleQueue[DecodeJob | None] = queue.SimpleQueue()
+        # a job, a tick's jobs at once (one wake-up of this thread, not one a stream), or None: stop
+        self._jobs: queue.SimpleQueue[DecodeJob | list[DecodeJob] | None] = queue.SimpleQueue()
         self._held: list[DecodeJob] = []  # jobs deferred behind an earlier job of the same stream
         self._thread = threading.Thread(target=self._run, name="streamtts-decode", daemon=True)
         self.busy_s = 0.0
@@ -245,6 +253,10 @@ class DecodeWorker:
 
     def submit(self, job: DecodeJob) -> None:
         self._jobs.put(job)
+
+    def submit_many(self, jobs: list[DecodeJob]) -> None:
+        """Several streams' jobs in one hand-over (the list becomes the worker's)."""
+        self._jobs.put(jobs)
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -277,19 +289,19 @@ class DecodeWorker:
         stop = False
         while True:
             if not pending:
-                job = self._jobs.get()
-                if job is None:
+                item = self._jobs.get()
+                if item is None:
                     return None
-                pending.append(job)
+                _add(pending, item)
             while True:  # take everything queued now
                 try:
-                    job = self._jobs.get_nowait()
+                    item = self._jobs.get_nowait()
                 except queue.Empty:
                     break
-                if job is None:
+                if item is None:
                     stop = True
                     break
-                pending.append(job)
+                _add(pending, item)
             batch = self._select(pending)
             if stop:
                 if not batch:
@@ -299,10 +311,11 @@ class DecodeWorker:
             if batch:
                 return batch
             # every job waits for a codec slot: block until the job that frees one arrives
-            job = self._jobs.get()
-            if job is None:
+            item = self._jobs.get()
+            if item is None:
                 return None
-            pending = self._held + [job]
+            pending = self._held
+            _add(pending, item)
             self._held = []
 
     def _select(self, pending: list[DecodeJob]) -> list[DecodeJob]:

@@ -203,6 +203,7 @@ class Engine:
         self.warmup_s: float | None = None  # how long start()'s warm-up took (None: none ran)
         # Tests and the orchestration benchmark swap llama.cpp for a stand-in here.
         self.backbone_factory: Any = None
+        self.codec_factory: Any = None  # (config, ids) -> a codec stand-in (bench --null-codec)
 
     @classmethod
     def from_config(cls, config: str | Path | EngineConfig | None = None, **overrides: Any) -> Engine:
@@ -275,7 +276,7 @@ class Engine:
     def _load(self) -> None:
         from .assemble import build_runtime
 
-        rt = build_runtime(self.config, self.backbone_factory)
+        rt = build_runtime(self.config, self.backbone_factory, self.codec_factory)
         self.config = rt.config  # with the model's own defaults for the keys the user left unset
         self._backbone = rt.backbone
         self._decoder = rt.decoder

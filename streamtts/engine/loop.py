@@ -594,15 +594,20 @@ class EngineCore:
             tab.add_pending(run[got], frames[got], index[got])
             send = done.copy()
             send[got] |= self._due(run[got], now)
-        for i in np.flatnonzero(send).tolist():
-            slot = int(run[i])
-            if done[i]:
-                s = tab.streams[slot]
-                assert s is not None
-                s.req.stats.finish_reason = self._finish_reason(slot)
-                self._emit(slot, now, last=True)  # frees the slot before the last chunk goes out
-            else:
-                self._emit(slot, now, last=False)
+        out: list[DecodeJob] = []  # the tick's chunks, handed to the decode thread at once
+        try:
+            for i in np.flatnonzero(send).tolist():
+                slot = int(run[i])
+                if done[i]:
+                    s = tab.streams[slot]
+                    assert s is not None
+                    s.req.stats.finish_reason = self._finish_reason(slot)
+                    self._emit(slot, now, out, last=True)  # frees the slot before the last chunk goes out
+                else:
+                    self._emit(slot, now, out, last=False)
+        finally:
+            if out:
+                self.decoder.submit_many(out)
 
     def _due(self, slots: np.ndarray, now: float) -> np.ndarray:
         """Which of ``slots`` (each just given a frame) send their new frames now? At the
@@ -621,7 +626,9 @@ class EngineCore:
         due: np.ndarray = (new > 0) & ((missing <= 0) | late)
         return due
 
-    def _emit(self, slot: int, now: float, last: bool) -> None:
+    def _emit(self, slot: int, now: float, out: list[DecodeJob], last: bool) -> None:
+        """The slot's pending frames as a job: appended to ``out``, or (``last``) handed over
+        at once by freeing the slot (a stream has one job a tick, so the order holds)."""
         tab = self.slots
         s = tab.streams[slot]
         assert s is not None
@@ -650,7 +657,7 @@ class EngineCore:
         if last:  # the slot and its KV cells are free before its listener hears the end
             self._free(slot, job)
             return
-        self.decoder.submit(job)
+        out.append(job)
         tab.frames_sent[slot] += n
         tab.audio_due[slot] = tab.t_first_emit[slot] + tab.frames_sent[slot] * FRAME_S
         tab.chunk_index[slot] += 1

@@ -87,4 +87,5 @@ class StreamSink:
             self.consumed_samples += item.pcm.shape[0]
             if not self.stats.t_first_audio:
                 self.stats.t_first_audio = time.monotonic()
+                self.stats.first_audio_step = item.step
         return item
