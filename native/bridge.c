@@ -90,6 +90,15 @@ struct stt_ctx {
 
     int32_t *cols;  /* selected logit columns (NULL = all) */
     int32_t  n_cols;
+    /* the selection as runs of consecutive columns: run r copies run_len[r] floats from
+     * column run_src[r] to run_dst[r] (the fused heads' 32 x 1025 audio block is one run) */
+    int32_t *run_src, *run_dst, *run_len;
+    int32_t  n_runs;
+
+    /* the outputs of a decode, looked up before they are copied (llama.cpp's lookups sync
+     * the backend and are not for several threads): [n_batch] each */
+    const float **hidden_rows, **logit_rows;
+    stt_pool *pool; /* the tick's threads the copy is cut across (stt_set_pool), or NULL */
 
     char placement[PLACE_MSG]; /* llama.cpp's placement lines of this context's load */
 
@@ -427,10 +436,13 @@ STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
     c->n_seq_id  = malloc(nb * sizeof *c->n_seq_id);
     c->seq_ptr   = malloc(nb * sizeof *c->seq_ptr);
     c->out_rows  = malloc(nb * sizeof *c->out_rows);
+    c->hidden_rows = malloc(nb * sizeof *c->hidden_rows);
+    c->logit_rows  = malloc(nb * sizeof *c->logit_rows);
     c->seq_next  = malloc(ns * sizeof *c->seq_next);
     c->seq_start = malloc(ns * sizeof *c->seq_start);
     c->seq_mark  = calloc(ns, sizeof *c->seq_mark);
-    if (!c->n_seq_id || !c->seq_ptr || !c->out_rows || !c->seq_next || !c->seq_start || !c->seq_mark) {
+    if (!c->n_seq_id || !c->seq_ptr || !c->out_rows || !c->seq_next || !c->seq_start || !c->seq_mark ||
+        !c->hidden_rows || !c->logit_rows) {
         *status = STT_E_NOMEM;
         out_err(err, err_len, "out of memory");
         stt_free(c);
@@ -460,7 +472,12 @@ STT_API void stt_free(struct stt_ctx *c) {
     free(c->seq_next);
     free(c->seq_start);
     free(c->seq_mark);
+    free(c->hidden_rows);
+    free(c->logit_rows);
     free(c->cols);
+    free(c->run_src);
+    free(c->run_dst);
+    free(c->run_len);
     free(c);
 }
 
@@ -538,6 +555,59 @@ STT_API int32_t stt_decode(struct stt_ctx *c, int32_t n_rows, const float *embd,
     return stt_decode_ex(c, n_rows, embd, pos, seq_id, output, hidden_out, logits_out, INT32_MAX);
 }
 
+/* Copying a decode's outputs into the caller's buffers: at 128 streams with the fused
+ * heads 128 rows of 32 802 floats (17 MB) a tick, all of it on the engine thread before
+ * sampling can start. Rows go whole (memcpy) or as runs of consecutive columns, and with a
+ * pool (stt_set_pool) in chunks on the tick's threads. */
+typedef struct {
+    const struct stt_ctx *c;
+    float *hidden_out, *logits_out;
+    int32_t n_out, chunk;
+} copy_call;
+
+static int32_t copy_chunk(void *vp, int32_t ci) {
+    const copy_call *a = vp;
+    const struct stt_ctx *c = a->c;
+    const int32_t lo = ci * a->chunk, hi = lo + a->chunk < a->n_out ? lo + a->chunk : a->n_out;
+    for (int32_t j = lo; j < hi; j++) {
+        if (a->hidden_out != NULL)
+            memcpy(a->hidden_out + (size_t)j * (size_t)c->n_embd, c->hidden_rows[j], (size_t)c->n_embd * sizeof(float));
+        if (a->logits_out == NULL) continue;
+        const float *l = c->logit_rows[j];
+        if (c->cols == NULL) {
+            memcpy(a->logits_out + (size_t)j * (size_t)c->n_vocab, l, (size_t)c->n_vocab * sizeof(float));
+            continue;
+        }
+        float *dst = a->logits_out + (size_t)j * (size_t)c->n_cols;
+        for (int32_t r = 0; r < c->n_runs; r++)
+            memcpy(dst + c->run_dst[r], l + c->run_src[r], (size_t)c->run_len[r] * sizeof(float));
+    }
+    return 0;
+}
+
+#define COPY_MIN_ROWS 32 /* below this, waking the pool costs more than the copy */
+
+static void copy_outputs(const struct stt_ctx *c, int32_t n_out, float *hidden_out, float *logits_out) {
+    if (n_out <= 0 || (hidden_out == NULL && logits_out == NULL)) return;
+    const int32_t threads = c->pool != NULL && n_out >= COPY_MIN_ROWS ? stt_pool_threads(c->pool) : 1;
+    int32_t chunk = (n_out + 4 * threads - 1) / (4 * threads); /* about four chunks a thread */
+    if (chunk < 1) chunk = 1;
+    copy_call a = {c, hidden_out, logits_out, n_out, chunk};
+    const int32_t n_chunks = (n_out + chunk - 1) / chunk;
+    int32_t rcs[4 * 64];
+    if (threads > 1 && n_chunks <= (int32_t)(sizeof rcs / sizeof rcs[0])) {
+        stt_pool_run(c->pool, n_chunks, copy_chunk, &a, rcs);
+    } else {
+        for (int32_t ci = 0; ci < n_chunks; ci++) copy_chunk(&a, ci);
+    }
+}
+
+/* The tick's threads (native/pool.c) stt_decode cuts its output copy across (NULL: none).
+ * The pool must outlive its use here: set NULL before freeing it. */
+STT_API void stt_set_pool(struct stt_ctx *c, stt_pool *pool) {
+    if (c != NULL) c->pool = pool;
+}
+
 /* stt_decode with a bound on the output buffers: a batch marking more than out_capacity
  * rows as outputs is rejected before anything is decoded (when hidden_out or logits_out is
  * given), so a wrong output flag can never write past the caller's buffers. */
@@ -612,33 +682,27 @@ STT_API int32_t stt_decode_ex(struct stt_ctx *c, int32_t n_rows, const float *em
         return rc;
     }
 
-    /* copy the outputs the caller asked for, in batch order */
+    /* the outputs the caller asked for, in batch order: looked up here, copied after */
     for (int32_t j = 0; j < n_out; j++) {
         const int32_t row = c->out_rows[j];
         if (hidden_out != NULL) {
-            const float *h = llama_get_embeddings_ith(c->lctx, row);
-            if (h == NULL) {
+            c->hidden_rows[j] = llama_get_embeddings_ith(c->lctx, row);
+            if (c->hidden_rows[j] == NULL) {
                 set_err(c, "llama.cpp returned no hidden state for row %d", row);
                 append_llama_error(c, log_mark);
                 return STT_E_OUTPUT;
             }
-            memcpy(hidden_out + (size_t)j * (size_t)c->n_embd, h, (size_t)c->n_embd * sizeof(float));
         }
         if (logits_out != NULL) {
-            const float *l = llama_get_logits_ith(c->lctx, row);
-            if (l == NULL) {
+            c->logit_rows[j] = llama_get_logits_ith(c->lctx, row);
+            if (c->logit_rows[j] == NULL) {
                 set_err(c, "llama.cpp returned no logits for row %d", row);
                 append_llama_error(c, log_mark);
                 return STT_E_OUTPUT;
             }
-            if (c->cols == NULL) {
-                memcpy(logits_out + (size_t)j * (size_t)c->n_vocab, l, (size_t)c->n_vocab * sizeof(float));
-            } else {
-                float *dst = logits_out + (size_t)j * (size_t)c->n_cols;
-                for (int32_t k = 0; k < c->n_cols; k++) dst[k] = l[c->cols[k]];
-            }
         }
     }
+    copy_outputs(c, n_out, hidden_out, logits_out);
     c->n_out = n_out;
     return n_out;
 }
@@ -658,18 +722,32 @@ STT_API int32_t stt_set_logit_columns(struct stt_ctx *c, const int32_t *cols, in
             return STT_E_INVALID;
         }
     }
-    int32_t *copy = NULL;
+    int32_t *copy = NULL, *rs = NULL, *rd = NULL, *rl = NULL, n_runs = 0;
     if (n > 0) {
         copy = malloc((size_t)n * sizeof *copy);
-        if (copy == NULL) {
+        rs = malloc((size_t)n * sizeof *rs);
+        rd = malloc((size_t)n * sizeof *rd);
+        rl = malloc((size_t)n * sizeof *rl);
+        if (copy == NULL || rs == NULL || rd == NULL || rl == NULL) {
+            free(copy), free(rs), free(rd), free(rl);
             set_err(c, "out of memory");
             return STT_E_NOMEM;
         }
         memcpy(copy, cols, (size_t)n * sizeof *copy);
+        for (int32_t k = 0; k < n; k++) { /* runs of consecutive columns */
+            if (n_runs && cols[k] == rs[n_runs - 1] + rl[n_runs - 1]) {
+                rl[n_runs - 1]++;
+            } else {
+                rs[n_runs] = cols[k], rd[n_runs] = k, rl[n_runs] = 1;
+                n_runs++;
+            }
+        }
     }
-    free(c->cols);
+    free(c->cols), free(c->run_src), free(c->run_dst), free(c->run_len);
     c->cols = copy;
     c->n_cols = n;
+    c->run_src = rs, c->run_dst = rd, c->run_len = rl;
+    c->n_runs = n_runs;
     return STT_OK;
 }
 

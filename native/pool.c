@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "stt.h"
 
@@ -60,8 +61,6 @@ static void take_chunks(stt_pool *p, stt_chunk_fn fn, void *arg, int32_t n, int3
         }
     }
 }
-
-STT_API void stt_pool_free(stt_pool *p);
 
 static void *worker(void *vp) {
     stt_pool *p = vp;
@@ -151,4 +150,37 @@ STT_HIDDEN int32_t stt_pool_run(stt_pool *p, int32_t n_chunks, stt_chunk_fn fn, 
     int32_t failed = 0;
     for (int32_t c = 0; c < n_chunks; c++) failed += rcs[c] != 0;
     return failed;
+}
+
+/* dst row j = src row idx[j] (n_floats floats each; strides in floats), j in [0, n), cut
+ * across the pool's threads: a copy of decode outputs as the bridge makes it (bench's
+ * zero-cost backbone). Returns 0; -1 for an index below 0. */
+typedef struct {
+    int32_t n, chunk;
+    const float *src;
+    int64_t src_stride;
+    const int64_t *idx;
+    float *dst;
+    int64_t dst_stride, n_floats;
+} gather_call;
+
+static int32_t gather_chunk(void *vp, int32_t c) {
+    const gather_call *a = vp;
+    const int32_t lo = c * a->chunk, hi = lo + a->chunk < a->n ? lo + a->chunk : a->n;
+    for (int32_t j = lo; j < hi; j++) {
+        if (a->idx[j] < 0) return -1;
+        memcpy(a->dst + j * a->dst_stride, a->src + a->idx[j] * a->src_stride, (size_t)a->n_floats * sizeof(float));
+    }
+    return 0;
+}
+
+STT_API int32_t stt_pool_gather_rows(stt_pool *p, int32_t n, const float *src, int64_t src_stride,
+                                     const int64_t *idx, float *dst, int64_t dst_stride, int64_t n_floats) {
+    int32_t threads = stt_pool_threads(p), rcs[256];
+    int32_t chunk = (n + 4 * threads - 1) / (4 * threads);
+    if (chunk < 1) chunk = 1;
+    int32_t n_chunks = (n + chunk - 1) / chunk;
+    if (n_chunks > 256) chunk = (n + 255) / 256, n_chunks = (n + chunk - 1) / chunk;
+    gather_call a = {n, chunk, src, src_stride, idx, dst, dst_stride, n_floats};
+    return stt_pool_run(p, n_chunks, gather_chunk, &a, rcs) ? -1 : 0;
 }

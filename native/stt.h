@@ -89,11 +89,13 @@ STT_HIDDEN int64_t stt_sample_one(const float *row, int32_t n_cols, float t, int
                                   double top_p, double u, const uint8_t *sn, float pen,
                                   void *scratch);
 
-/* ---- pool.c: the tick's threads (stt_pool_new / stt_pool_free / stt_pool_threads are
- * exported there). A chunk function runs chunk c of a call and returns its code (0 = done);
+/* ---- pool.c: the tick's threads. A chunk function runs chunk c of a call and returns its code (0 = done);
  * stt_pool_run runs chunks [0, n_chunks) on the pool's threads and the caller's, writes each
  * chunk's code to rcs[c] and returns how many were not 0. p may be NULL (all on the caller). */
 typedef struct stt_pool stt_pool;
+STT_API stt_pool *stt_pool_new(int32_t n_threads); /* n_threads in all, the caller's included */
+STT_API void stt_pool_free(stt_pool *p);
+STT_API int32_t stt_pool_threads(const stt_pool *p);
 typedef int32_t (*stt_chunk_fn)(void *arg, int32_t c);
 STT_HIDDEN int32_t stt_pool_run(stt_pool *p, int32_t n_chunks, stt_chunk_fn fn, void *arg, int32_t *rcs);
 

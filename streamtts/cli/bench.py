@@ -37,15 +37,26 @@ class NullBackbone:
         self.n_vocab = n_vocab
         self._hidden_src = np.random.default_rng(seed).standard_normal((64, n_embd)).astype(np.float32)
         self._bufs: tuple[Any, ...] = ()
+        self._pool: int | None = None
+        self._lib: Any = None
+        self._idx = np.zeros(0, dtype=np.int64)
 
     def bind(self, embd: Any, pos: Any, seq: Any, output: Any, hidden_out: Any, logits_out: Any) -> None:
         self._bufs = (embd, pos, seq, output, hidden_out, logits_out)
+        self._idx = np.zeros(logits_out.shape[0], dtype=np.int64)
         # Fused heads (logits hold the audio rows too): head logits as a GPU would hand them
         # back, one copied row per stream (std 2, like the demo model's); the 2 text logits 0.
         n_cols = logits_out.shape[1]
         self._logits_src = np.zeros((64, n_cols), dtype=np.float32)
         if n_cols > 2:
             self._logits_src[:, 2:] = 2.0 * np.random.default_rng(1).standard_normal((64, n_cols - 2), dtype=np.float32)
+
+    def set_tick_pool(self, pool: int | None) -> None:
+        """As the bridge: the output copy cut across the tick's threads."""
+        from ..model._llama import load_bridge
+
+        self._pool = pool
+        self._lib = load_bridge() if pool else None
 
     def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
         _, pos, _, output, hidden, logits = self._bufs
@@ -54,6 +65,15 @@ class NullBackbone:
         if n == 0:
             return 0
         o = slice(out_offset, out_offset + n)
+        if self._pool and self._lib is not None and n >= 32 and not (want_hidden and hidden is not None):
+            # the logits rows copied as the bridge copies them (stt_decode with a pool)
+            idx = np.remainder(pos[sel], 64, out=self._idx[:n])
+            dst = logits[o]
+            self._lib.stt_pool_gather_rows(
+                self._pool, n, self._logits_src.ctypes.data, self._logits_src.shape[1], idx.ctypes.data,
+                dst.ctypes.data, logits.shape[1], logits.shape[1],
+            )  # fmt: skip
+            return n
         # mode="clip": a plain gather, as cheap as the bridge's copy out of llama.cpp (the
         # default mode makes a buffered copy with out=, three times the cost)
         if want_hidden and hidden is not None:

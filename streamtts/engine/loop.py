@@ -154,6 +154,10 @@ class EngineCore:
         self.audio_in_place = fused_heads and kernels.reads_strided_audio
         self.audio_buf = np.zeros((0 if self.audio_in_place else 2 * cap, k * a), dtype=np.float32)
         backbone.bind(self.embd, self.pos, self.seq, self.outf, self.hidden, self.logits)
+        # the copy of a decode's outputs runs on the tick's threads too (a stand-in may not copy)
+        self._attach_pool = getattr(backbone, "set_tick_pool", None)
+        if self._attach_pool is not None and kernels.pool is not None:
+            self._attach_pool(kernels.pool.handle)
         audio_base = self.logits[:, 2:] if self.audio_in_place else self.audio_buf
         self._out = np.zeros((2 * cap, 1 + k), dtype=np.int64)
         # the step's kernels, bound once to these buffers: a step of B streams has their slot
@@ -205,6 +209,8 @@ class EngineCore:
             self._thread.join()
         if self.heads is not None:
             self.heads.close()
+        if self._attach_pool is not None and self.kernels.pool is not None:
+            self._attach_pool(None)  # before the pool's threads stop
         self.kernels.close()
 
     @property

@@ -285,6 +285,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     # int32_t stt_pool_embed_rows(stt_pool *p, int32_t chunk, int32_t *rcs,
     #     <stt_embed_rows' arguments>);   (native/embed.c)
     fn("stt_pool_embed_rows", c_int32, [c_void_p, c_int32, _P, P(SttEmbed), _P, c_int32, _P, ctypes.c_int64, ctypes.c_int64, _P, ctypes.c_int64])
+    # void stt_set_pool(stt_ctx *c, stt_pool *pool);   (native/bridge.c)
+    fn("stt_set_pool", None, [c_void_p, c_void_p])
+    # int32_t stt_pool_gather_rows(stt_pool *p, int32_t n, const float *src, int64_t src_stride,
+    #     const int64_t *idx, float *dst, int64_t dst_stride, int64_t n_floats);   (native/pool.c)
+    fn("stt_pool_gather_rows", c_int32, [c_void_p, c_int32, _P, ctypes.c_int64, _P, _P, ctypes.c_int64, ctypes.c_int64])
     # int32_t stt_sample_rows(const float *base, const int64_t *offsets, int32_t n_rows,
     #     int32_t n_cols, const float *temperature, const int64_t *top_k, const double *top_p,
     #     const double *u, const uint8_t *seen, const float *penalty, void *scratch,

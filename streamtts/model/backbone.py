@@ -255,6 +255,12 @@ class Backbone:
         """Columns per logits_out row: the selection set by set_logit_columns, else n_vocab."""
         return self._n_cols
 
+    def set_tick_pool(self, pool: int | None) -> None:
+        """Cut the copy of a decode's outputs across the tick's threads: a ``stt_pool *``
+        (``kernels.TickPool.handle``), or None for the caller's thread alone. The caller
+        detaches it before the pool stops."""
+        self._lib.stt_set_pool(self._check_open("set_tick_pool"), pool)
+
     def set_logit_columns(self, cols: npt.ArrayLike | None) -> None:
         """Output-layer columns decode() copies into logits_out (None = all n_vocab)."""
         h = self._check_open("set_logit_columns")

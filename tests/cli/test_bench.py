@@ -96,3 +96,27 @@ def test_bench_joining_arrival(demo_model_dir: Path, tmp_path: Path) -> None:
         assert lv["arrival"] == "joining" and lv["late_background_chunks"] >= 0
         assert 0 <= lv["realtime_streams"] <= lv["concurrency"]
         assert lv["ttfa_ms_p50"] > 0 and lv["aggregate_frames_per_s"] > 0
+
+
+def test_bench_null_codec_and_tick_threads(demo_model_dir: Path, tmp_path: Path) -> None:
+    """The tick's CPU side alone: 40 streams (enough to cut a step) on 2 tick threads, nothing decoded."""
+    res = bench(
+        tmp_path, "--config", str(demo_model_dir / "config.yaml"), "--concurrency", "40",
+        "--null-backbone", "--null-codec", "--tick-threads", "2",
+    )  # fmt: skip
+    assert res["null_backbone"] is True and res["null_codec"] is True
+    assert res["engine"]["codec"] == "null" and res["engine"]["tick_threads"] == 2
+    lv = res["levels"][0]
+    assert lv["concurrency"] == 40 and lv["ms_per_tick_p50"] > 0 and lv["ms_per_step_p50"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--null-codec", "--kernel-bound"], "--kernel-bound times the real codec"),
+        (["--tick-threads", "-1"], "--tick-threads must be >= 0"),
+    ],
+)
+def test_bench_refuses_what_it_cannot_measure(args: list[str], message: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "streamtts", "bench", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]

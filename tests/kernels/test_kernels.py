@@ -224,6 +224,19 @@ def test_tick_pool_threads_and_close(bridge_lib: Any) -> None:
         TickPool(bridge_lib, 100)
 
 
+def test_pooled_row_gather_is_a_take(bridge_lib: Any) -> None:
+    pool = TickPool(bridge_lib, 2)
+    src = np.arange(64 * 7, dtype=np.float32).reshape(64, 7)
+    idx = np.random.default_rng(0).integers(0, 64, 100).astype(np.int64)
+    dst = np.zeros((120, 9), np.float32)  # wider rows: strides differ
+    assert bridge_lib.stt_pool_gather_rows(pool.handle, 100, src.ctypes.data, 7, idx.ctypes.data, dst.ctypes.data, 9, 7) == 0
+    np.testing.assert_array_equal(dst[:100, :7], src[idx])
+    assert not dst[:, 7:].any() and not dst[100:].any()
+    idx[50] = -1
+    assert bridge_lib.stt_pool_gather_rows(pool.handle, 100, src.ctypes.data, 7, idx.ctypes.data, dst.ctypes.data, 9, 7) == -1
+    pool.close()
+
+
 def test_pooled_delay_step_names_the_bad_rows_of_any_chunk(bridge_lib: Any) -> None:
     ids, cap = REAL, 96
     kernels = Kernels({"delay_step"}, bridge_lib, threads=2)

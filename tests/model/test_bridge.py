@@ -457,6 +457,36 @@ def test_context_manager(tiny_gguf: TinyModel, bridge_lib: Any) -> None:
     assert b.closed
 
 
+def test_output_copy_cut_across_the_tick_threads_is_the_same(make_backbone: Any, bridge_lib: Any) -> None:
+    """stt_decode's copy of 40 output rows, whole or as runs of columns, on a pool's threads
+    (stt_set_pool) gives the bytes the caller's thread alone gives."""
+    from streamtts.kernels.tick_pool import TickPool
+
+    n = 40  # above the bridge's COPY_MIN_ROWS: the copy is cut
+    embd, pos, seq, out = rows(n, 9), np.arange(n, dtype=np.int32), np.zeros(n, np.int32), np.ones(n, np.int8)
+    pool = TickPool(bridge_lib, 3)
+    try:
+        for cols in (None, np.array([0, 1, 2, 10, 11, 5, 299, 298, 3, 4], np.int32)):
+            got = []
+            for attach in (False, True):
+                b = make_backbone()
+                b.set_logit_columns(cols)
+                if attach:
+                    b.set_tick_pool(pool.handle)
+                hid, lg = np.zeros((n, N_EMBD), np.float32), np.zeros((n, b.n_logit_columns), np.float32)
+                assert b.decode(embd, pos, seq, out, hid, lg) == n
+                b.set_tick_pool(None)
+                got.append((hid, lg))
+            np.testing.assert_array_equal(got[0][0], got[1][0])
+            np.testing.assert_array_equal(got[0][1], got[1][1])
+            if cols is not None:
+                full = np.zeros(b.n_vocab, np.float32)
+                b.copy_logits_row(7, full)
+                np.testing.assert_array_equal(got[1][1][7], full[cols])
+    finally:
+        pool.close()
+
+
 # -- zero-allocation hot path -------------------------------------------------------------------
 
 
