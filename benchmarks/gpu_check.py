@@ -13,7 +13,8 @@ Run by ``scripts/gpu_check.sh`` (which builds the CUDA bridge first). Steps:
 5. ``streamtts bench`` at each concurrency level with fused heads and the tone codec (the
    backbone alone: that codec costs next to nothing), the top level again with streams
    joining a busy engine;
-6. ``streamtts bench --null-backbone`` (a zero-cost backbone: the CPU side of a tick);
+6. ``streamtts bench --null-backbone`` (a zero-cost backbone: the CPU side of a tick), then
+   with ``--null-codec`` too (the tick alone), on the tick's threads and on one;
 7. memory per stream: fresh processes holding 1 and N slots (GPU memory, else RSS);
 8. the same levels with the real codec architecture (random weights, ``--codec-scale`` of
    the published width) on ONNX Runtime CPU over all cores.
@@ -160,7 +161,8 @@ def engine_single(cfg: Path, frames: int, streams: int, **overrides: Any) -> dic
 
 def bench(
     cfg: Path, levels: list[int], frames: int, out: Path, *, joining: bool = False,
-    kernel: bool = True, null_backbone: bool = False, timeout: float | None = None,
+    kernel: bool = True, null_backbone: bool = False, null_codec: bool = False,
+    tick_threads: int | None = None, timeout: float | None = None,
 ) -> list[dict[str, Any]]:
     cmd = [
         sys.executable, "-m", "streamtts.cli.main", "bench", "--config", str(cfg),
@@ -169,7 +171,8 @@ def bench(
     if joining:
         cmd += ["--arrival", "joining", "--joiners", "5"]
     elif null_backbone:
-        cmd += ["--null-backbone"]
+        cmd += ["--null-backbone"] + (["--null-codec"] if null_codec else [])
+        cmd += [] if tick_threads is None else ["--tick-threads", str(tick_threads)]
     elif kernel:
         cmd += ["--kernel-bound"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -263,6 +266,7 @@ def _bench_rows(label: str, levels: list[dict[str, Any]]) -> list[tuple[str, str
             f"{label} {lv['concurrency']:>3}",
             f"{lv['aggregate_frames_per_s']:8.1f} frames/s  TTFA p50 {lv['ttfa_ms_p50']:7.1f} ms "
             f"p95 {lv['ttfa_ms_p95']:7.1f} ms  step p50 {lv['ms_per_step_p50']:7.2f} ms  "
+            f"tick p50 {lv.get('ms_per_tick_p50', float('nan')):7.2f} ms  "
             f"RTF p95 {lv['rtf_p95']:.3f}  real-time {lv['realtime_streams']}/{lv['concurrency']}"
             + (f"  x1 {lv.get('throughput_vs_1', float('nan')):.2f} (kernel {kern:.2f})" if kern is not None else ""),
         ))  # fmt: skip
@@ -302,6 +306,8 @@ def table(res: dict[str, Any]) -> str:
         add(("codec for the next rows", res["codec"]))
     rows += _bench_rows("bench real codec", res.get("bench_codec", []))
     rows += _bench_rows("bench null backbone (CPU side)", res.get("bench_null", []))
+    rows += _bench_rows("bench null backbone + codec (the tick alone)", res.get("bench_tick", []))
+    rows += _bench_rows("  the same, --tick-threads 1", res.get("bench_tick_1thread", []))
     mem = res.get("memory")
     if mem:
         unit = "GPU" if mem.get("gpu_mib_per_stream") is not None else "RSS"
@@ -432,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
             lambda: bench(run_cfg, args.null_levels, args.frames, work / "bench-null.json", null_backbone=True, timeout=st.timeout()),
             10,
         )  # fmt: skip
+        # the tick's CPU side alone (no codec either), on the tick's threads and on one
+        tick = work / "bench-tick.json"
+        st.run("bench_tick", lambda: bench(run_cfg, args.null_levels, args.frames, tick, null_backbone=True,
+                                           null_codec=True, timeout=st.timeout()), 10)  # fmt: skip
+        st.run("bench_tick_1thread", lambda: bench(run_cfg, args.null_levels, args.frames, tick, null_backbone=True,
+                                                   null_codec=True, tick_threads=1, timeout=st.timeout()), 10)  # fmt: skip
     st.run("memory", lambda: _memory(run_cfg, [1, top]), 20)
     if args.codec_scale != "none" and levels:
         def codec_bench() -> list[dict[str, Any]]:

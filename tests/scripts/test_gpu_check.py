@@ -136,6 +136,8 @@ def test_the_offline_rehearsal_runs_the_whole_pipeline_from_the_kit_alone(kit: P
         "bench joining   2",
         "bench real codec   2",
         "bench null backbone (CPU side)   4",
+        "bench null backbone + codec (the tick alone)   4",
+        "  the same, --tick-threads 1   4",
         "RSS memory per stream",
         "(kernel ",
         "targets",
