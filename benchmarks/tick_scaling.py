@@ -39,7 +39,7 @@ def bench(cpus: str, n: int, frames: int, config: str | None, tick_threads: int 
     """One ``streamtts bench --null-backbone`` run pinned to ``cpus``: its level row."""
     with tempfile.TemporaryDirectory(prefix="tick-scaling-") as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = ["taskset", "-c", cpus, sys.executable, "-m", "streamtts.cli.main", "bench", "--null-backbone",
+        cmd = ["taskset", "-c", cpus, sys.executable, "-m", "streamtts", "bench", "--null-backbone",
                "--concurrency", str(n), "--frames", str(frames), "--json", str(out)]  # fmt: skip
         if config:
             cmd += ["--config", config]
