@@ -13,7 +13,7 @@ from typing import Any
 
 import uvicorn
 
-from .drain import EXIT_GRACE_S, FLUSH_GRACE_S, Drain
+from .drain import Drain
 
 __all__ = ["DrainingServer"]
 
@@ -43,5 +43,5 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def _drained(self) -> None:
-        self.config.timeout_graceful_shutdown = EXIT_GRACE_S if self.drain.cut else FLUSH_GRACE_S
+        self.config.timeout_graceful_shutdown = self.drain.flush_grace_s()
         self.should_exit = True

@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamtts.errors import VoiceStoreUnavailableError
 from streamtts.server.app_state import ServerSettings, ServerState
-from streamtts.server.drain import Drain
+from streamtts.server.drain import EXIT_GRACE_S, FLUSH_GRACE_S, Drain
 from streamtts.server.protocol import CloseCode, ErrorCode
 from streamtts.server.session import Abort, Close, SendText, Session, SessionSettings
 from streamtts.server.voices import VoiceStore
@@ -130,10 +130,11 @@ def test_drain_closes_quiet_sessions_waits_for_busy_ones_and_cuts_at_the_timeout
         assert drain.start("test") and not drain.start("again")
         asyncio.get_running_loop().call_later(0.2, drain.discard, ends)  # finishes by itself
         await asyncio.wait_for(drain.finished.wait(), 5)
-        return state, idle, busy, ends, finished[0] - t0
+        return state, idle, busy, ends, finished[0] - t0, drain.flush_grace_s()
 
-    state, idle, busy, ends, took = asyncio.run(run())
+    state, idle, busy, ends, took, grace = asyncio.run(run())
     assert (idle.did, busy.did, ends.did) == ("left", "cut after 0.6", "")
+    assert grace == EXIT_GRACE_S  # a stream was cut: nothing more to wait for
     assert 0.6 <= took < 2.0
     text = state.metrics.render()
     assert "streamtts_draining 1" in text
@@ -142,14 +143,19 @@ def test_drain_closes_quiet_sessions_waits_for_busy_ones_and_cuts_at_the_timeout
 
 
 def test_a_drain_with_nothing_live_finishes_at_once() -> None:
-    async def run() -> float:
-        state = ServerState(FakeEngine(), ServerSettings(drain_timeout_s=30), VoiceStore(_encode))
+    async def run(timeout_s: float) -> tuple[float, int]:
+        state = ServerState(FakeEngine(), ServerSettings(drain_timeout_s=timeout_s), VoiceStore(_encode))
         t0 = time.monotonic()
         state.drain.start("test")
         await asyncio.wait_for(state.drain.finished.wait(), 5)
-        return time.monotonic() - t0
+        return time.monotonic() - t0, state.drain.flush_grace_s()
 
-    assert asyncio.run(run()) < 1.0
+    took, grace = asyncio.run(run(30))
+    assert took < 1.0
+    # every stream ended by itself: connections may take what is left of the drain timeout to
+    # close (a client reading its last audio at real-time pace), at least FLUSH_GRACE_S
+    assert FLUSH_GRACE_S <= grace <= 30
+    assert asyncio.run(run(2))[1] == FLUSH_GRACE_S
 
 
 # -- a real server whose drain time runs out ---------------------------------------------------
