@@ -585,21 +585,14 @@ static int32_t copy_chunk(void *vp, int32_t ci) {
     return 0;
 }
 
-#define COPY_MIN_ROWS 32 /* below this, waking the pool costs more than the copy */
+#define COPY_MIN_ROWS 32 /* below this, waking the pool costs more than the copy (tick_pool.py MIN_ROWS) */
 
 static void copy_outputs(const struct stt_ctx *c, int32_t n_out, float *hidden_out, float *logits_out) {
     if (n_out <= 0 || (hidden_out == NULL && logits_out == NULL)) return;
-    const int32_t threads = c->pool != NULL && n_out >= COPY_MIN_ROWS ? stt_pool_threads(c->pool) : 1;
-    int32_t chunk = (n_out + 4 * threads - 1) / (4 * threads); /* about four chunks a thread */
-    if (chunk < 1) chunk = 1;
+    stt_pool *p = n_out >= COPY_MIN_ROWS ? c->pool : NULL; /* NULL: all on this thread */
+    int32_t chunk = stt_pool_copy_chunk(p, n_out), rcs[STT_POOL_COPY_CHUNKS];
     copy_call a = {c, hidden_out, logits_out, n_out, chunk};
-    const int32_t n_chunks = (n_out + chunk - 1) / chunk;
-    int32_t rcs[4 * 64];
-    if (threads > 1 && n_chunks <= (int32_t)(sizeof rcs / sizeof rcs[0])) {
-        stt_pool_run(c->pool, n_chunks, copy_chunk, &a, rcs);
-    } else {
-        for (int32_t ci = 0; ci < n_chunks; ci++) copy_chunk(&a, ci);
-    }
+    stt_pool_run(p, (n_out + chunk - 1) / chunk, copy_chunk, &a, rcs);
 }
 
 /* The tick's threads (native/pool.c) stt_decode cuts its output copy across (NULL: none).

@@ -28,11 +28,9 @@
 
 #include "stt.h"
 
-#define MAX_THREADS 64
-
 struct stt_pool {
     int32_t n_workers;
-    pthread_t threads[MAX_THREADS];
+    pthread_t threads[STT_POOL_MAX_THREADS];
     pthread_mutex_t mu;
     pthread_cond_t work; /* a new call (gen moved) or stop */
     pthread_cond_t idle; /* a call's last chunk done, or a worker left a call */
@@ -84,7 +82,7 @@ static void *worker(void *vp) {
 }
 
 STT_API stt_pool *stt_pool_new(int32_t n_threads) {
-    if (n_threads < 1 || n_threads > MAX_THREADS) return NULL;
+    if (n_threads < 1 || n_threads > STT_POOL_MAX_THREADS) return NULL;
     stt_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     pthread_mutex_init(&p->mu, NULL);
@@ -123,6 +121,12 @@ STT_API void stt_pool_free(stt_pool *p) {
 }
 
 STT_API int32_t stt_pool_threads(const stt_pool *p) { return p ? p->n_workers + 1 : 1; }
+
+STT_HIDDEN int32_t stt_pool_copy_chunk(const stt_pool *p, int32_t n) {
+    const int32_t per = 4 * stt_pool_threads(p);
+    const int32_t chunk = (n + per - 1) / per;
+    return chunk < 1 ? 1 : chunk;
+}
 
 STT_HIDDEN int32_t stt_pool_run(stt_pool *p, int32_t n_chunks, stt_chunk_fn fn, void *arg, int32_t *rcs) {
     if (!p || p->n_workers == 0 || n_chunks < 2) {
@@ -176,11 +180,7 @@ static int32_t gather_chunk(void *vp, int32_t c) {
 
 STT_API int32_t stt_pool_gather_rows(stt_pool *p, int32_t n, const float *src, int64_t src_stride,
                                      const int64_t *idx, float *dst, int64_t dst_stride, int64_t n_floats) {
-    int32_t threads = stt_pool_threads(p), rcs[256];
-    int32_t chunk = (n + 4 * threads - 1) / (4 * threads);
-    if (chunk < 1) chunk = 1;
-    int32_t n_chunks = (n + chunk - 1) / chunk;
-    if (n_chunks > 256) chunk = (n + 255) / 256, n_chunks = (n + chunk - 1) / chunk;
+    int32_t chunk = stt_pool_copy_chunk(p, n), rcs[STT_POOL_COPY_CHUNKS];
     gather_call a = {n, chunk, src, src_stride, idx, dst, dst_stride, n_floats};
-    return stt_pool_run(p, n_chunks, gather_chunk, &a, rcs) ? -1 : 0;
+    return stt_pool_run(p, (n + chunk - 1) / chunk, gather_chunk, &a, rcs) ? -1 : 0;
 }

@@ -98,5 +98,10 @@ STT_API void stt_pool_free(stt_pool *p);
 STT_API int32_t stt_pool_threads(const stt_pool *p);
 typedef int32_t (*stt_chunk_fn)(void *arg, int32_t c);
 STT_HIDDEN int32_t stt_pool_run(stt_pool *p, int32_t n_chunks, stt_chunk_fn fn, void *arg, int32_t *rcs);
+/* Rows per chunk for a copy of n rows on p's threads (memory-bound: about four chunks a
+ * thread), so a copy has at most STT_POOL_COPY_CHUNKS chunks. p may be NULL (one thread). */
+#define STT_POOL_MAX_THREADS 64
+#define STT_POOL_COPY_CHUNKS (4 * STT_POOL_MAX_THREADS)
+STT_HIDDEN int32_t stt_pool_copy_chunk(const stt_pool *p, int32_t n);
 
 #endif

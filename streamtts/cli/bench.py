@@ -23,6 +23,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..constants import FRAME_S, FRAME_SAMPLES
+from ..kernels.tick_pool import MIN_ROWS
 from ..model.backbone import KV_PAD
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class NullBackbone:
         if n == 0:
             return 0
         o = slice(out_offset, out_offset + n)
-        if self._pool and self._lib is not None and n >= 32 and not (want_hidden and hidden is not None):
+        if self._pool and self._lib is not None and n >= MIN_ROWS and not (want_hidden and hidden is not None):
             # the logits rows copied as the bridge copies them (stt_decode with a pool)
             idx = np.remainder(pos[sel], 64, out=self._idx[:n])
             dst = logits[o]
