@@ -604,9 +604,49 @@ STT_API void stt_set_pool(struct stt_ctx *c, stt_pool *pool) {
 /* stt_decode with a bound on the output buffers: a batch marking more than out_capacity
  * rows as outputs is rejected before anything is decoded (when hidden_out or logits_out is
  * given), so a wrong output flag can never write past the caller's buffers. */
+static int32_t decode_rows(struct stt_ctx *c, int32_t n_rows, const float *embd,
+                           const int32_t *pos, const int32_t *seq_id, const int8_t *output,
+                           float *hidden_out, float *logits_out, int32_t out_capacity,
+                           float **lent);
+
 STT_API int32_t stt_decode_ex(struct stt_ctx *c, int32_t n_rows, const float *embd,
                               const int32_t *pos, const int32_t *seq_id, const int8_t *output,
                               float *hidden_out, float *logits_out, int32_t out_capacity) {
+    return decode_rows(c, n_rows, embd, pos, seq_id, output, hidden_out, logits_out, out_capacity, NULL);
+}
+
+/* stt_decode_ex that lends the logits rather than copying them, when it can: *lent is then
+ * llama.cpp's own output rows (output j at *lent + j * n_vocab, as logits_out would hold
+ * it), to be read (and written: the sampler masks a column in place) until the next decode
+ * on this context. It can when the whole row is selected and llama.cpp holds the outputs
+ * in batch order, one after another; otherwise *lent is NULL and the logits are copied into
+ * logits_out as stt_decode_ex copies them. Why: with the fused heads on a GPU, 128 rows of
+ * 32 802 floats (17 MB) a tick went from llama.cpp's buffer into the caller's before
+ * sampling could start, a copy that memory bandwidth, not threads, bounds. */
+STT_API int32_t stt_decode_lend(struct stt_ctx *c, int32_t n_rows, const float *embd,
+                                const int32_t *pos, const int32_t *seq_id, const int8_t *output,
+                                float *hidden_out, float *logits_out, int32_t out_capacity,
+                                float **lent) {
+    if (lent == NULL) return STT_E_INVALID;
+    *lent = NULL;
+    return decode_rows(c, n_rows, embd, pos, seq_id, output, hidden_out, logits_out, out_capacity, lent);
+}
+
+/* The outputs of the last decode's lookups as one block of whole rows, or NULL. */
+static float *lendable(const struct stt_ctx *c, int32_t n_out) {
+    const int whole = c->cols == NULL || (c->n_runs == 1 && c->run_src[0] == 0 && c->run_dst[0] == 0 &&
+                                          c->run_len[0] == c->n_vocab);
+    if (!whole || n_out < 1) return NULL;
+    const float *base = c->logit_rows[0];
+    for (int32_t j = 1; j < n_out; j++)
+        if (c->logit_rows[j] != base + (size_t)j * (size_t)c->n_vocab) return NULL;
+    return (float *)base; /* llama_get_logits_ith hands out float *: the rows are writable */
+}
+
+static int32_t decode_rows(struct stt_ctx *c, int32_t n_rows, const float *embd,
+                           const int32_t *pos, const int32_t *seq_id, const int8_t *output,
+                           float *hidden_out, float *logits_out, int32_t out_capacity,
+                           float **lent) {
     if (c == NULL) return STT_E_INVALID;
     c->err[0] = '\0';
     c->n_out = 0;
@@ -694,6 +734,10 @@ STT_API int32_t stt_decode_ex(struct stt_ctx *c, int32_t n_rows, const float *em
                 return STT_E_OUTPUT;
             }
         }
+    }
+    if (lent != NULL && logits_out != NULL) {
+        *lent = lendable(c, n_out);
+        if (*lent != NULL) logits_out = NULL; /* read where they lie: nothing to copy */
     }
     copy_outputs(c, n_out, hidden_out, logits_out);
     c->n_out = n_out;

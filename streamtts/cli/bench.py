@@ -41,6 +41,9 @@ class NullBackbone:
         self._pool: int | None = None
         self._lib: Any = None
         self._idx = np.zeros(0, dtype=np.int64)
+        self.lent_logits = 0
+        self._lent_rows = np.zeros((0, 0), dtype=np.float32)
+        self._lend_half = 0
 
     def bind(self, embd: Any, pos: Any, seq: Any, output: Any, hidden_out: Any, logits_out: Any) -> None:
         self._bufs = (embd, pos, seq, output, hidden_out, logits_out)
@@ -51,6 +54,10 @@ class NullBackbone:
         self._logits_src = np.zeros((64, n_cols), dtype=np.float32)
         if n_cols > 2:
             self._logits_src[:, 2:] = 2.0 * np.random.default_rng(1).standard_normal((64, n_cols - 2), dtype=np.float32)
+        # rows to lend, as llama.cpp lends its output buffer: two blocks taken in turn, so a
+        # step reads rows the last one did not leave in cache (as a GPU's fresh rows)
+        rows = logits_out.shape[0]
+        self._lent_rows = np.take(self._logits_src, np.arange(2 * rows) % 64, axis=0)
 
     def set_tick_pool(self, pool: int | None) -> None:
         """As the bridge: the output copy cut across the tick's threads."""
@@ -59,12 +66,20 @@ class NullBackbone:
         self._pool = pool
         self._lib = load_bridge() if pool else None
 
-    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0, lend: bool = False) -> int:
         _, pos, _, output, hidden, logits = self._bufs
+        self.lent_logits = 0
         sel = np.flatnonzero(output[:n_rows])
         n = sel.size
         if n == 0:
             return 0
+        if lend and not out_offset and not (want_hidden and hidden is not None):
+            # the rows where they lie, as the bridge lends them (stt_decode_lend): nothing copied
+            self._lend_half ^= 1
+            rows = self._lent_rows[self._lend_half * logits.shape[0] :]
+            rows[:n, :2] = 0.0  # fresh text logits (a forced length masks one of them)
+            self.lent_logits = rows.ctypes.data
+            return n
         o = slice(out_offset, out_offset + n)
         if self._pool and self._lib is not None and n >= MIN_ROWS and not (want_hidden and hidden is not None):
             # the logits rows copied as the bridge copies them (stt_decode with a pool)

@@ -63,7 +63,10 @@ class BackboneLike(Protocol):
         logits_out: np.ndarray | None,
     ) -> None: ...
 
-    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int: ...
+    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0, lend: bool = False) -> int: ...
+
+    # where the last decode_bound(..., lend=True) left its logits rows, or 0 (copied)
+    lent_logits: int
 
     def seq_rm(self, seq: int, start: int = 0) -> None: ...
 
@@ -168,6 +171,11 @@ class EngineCore:
         self._step = kernels.bind_delay_step(
             SpecDelayStep(self.states, self._slot_buf, self.logits[:, :2], audio_all, self._out, self._full_text_logits)
         )
+        # A step with no prompt piece reads its logits where the backbone left them (fused
+        # heads: 17 MB a tick at 128 streams not copied); a plain bool, so a test can turn it off.
+        self.lend_logits = self.audio_in_place and self._step.reads_lent
+        self._lent = 0  # the address the delay step reads from, 0: self.logits
+        self.lent_steps = 0  # steps that read lent rows (a plain int, for tests and --profile)
         self._push = kernels.bind_frame_push(SpecFramePush(self.assembler, self._slot_buf, self._out[:, 1:]))
         self.next_rows = np.zeros((cap, 1 + k), dtype=np.int64)
         self._embed = (
@@ -361,8 +369,18 @@ class EngineCore:
         rows are output after the stepped ones), then the audio heads of all output rows."""
         t0 = time.perf_counter()
         run = plan.decode
-        if run.size and not self._decode_run(run):
-            run = NO_SLOTS
+        # lent rows live until the next decode: none while a prompt piece decodes after the run
+        lend = self.lend_logits and not plan.prefill and not plan.loads
+        lent = 0
+        if run.size:
+            if not self._decode_run(run, lend):
+                run = NO_SLOTS
+            elif lend:
+                lent = self.backbone.lent_logits
+        if lent != self._lent:
+            self._step.read_logits_at(lent)
+            self._lent = lent
+        self.lent_steps += lent != 0
         for slot, state in plan.loads:
             self._load_prefix(slot, state)
         fin: list[int] = []
@@ -393,7 +411,7 @@ class EngineCore:
             self.profile.heads += time.perf_counter() - t2
         return result
 
-    def _decode_run(self, run: np.ndarray) -> bool:
+    def _decode_run(self, run: np.ndarray, lend: bool = False) -> bool:
         """One backbone call with one row per running stream (``run``, ascending); outputs
         land in rows [0, B).
 
@@ -421,7 +439,7 @@ class EngineCore:
             self.outf[run - run[0]] = 1
         t1 = time.perf_counter()
         try:
-            self.backbone.decode_bound(n, not self.fused, 0)
+            self.backbone.decode_bound(n, not self.fused, 0, lend)
         except Exception as exc:
             log.exception("backbone step failed for %d streams", b)
             self._fail_slots(run, "backbone step failed", exc)
@@ -564,7 +582,7 @@ class EngineCore:
     def _force_fixed(self, run: np.ndarray, b: int) -> None:
         if not self.slots.n_fixed:  # a plain int: after a decode every NumPy call runs cold
             return
-        pair = self.logits[:b, :2]
+        pair = self._step.pair_logits(b)  # where the step reads them: lent rows or self.logits
         fx = self.slots.fixed[run]
         st = self.slots.steps[run]
         on = fx >= 0

@@ -92,11 +92,21 @@ class DelayStepTwin:
         self._rows = r
         # each buffer's address and the bytes from one row to the next
         bufs = (slots, pair, audio, out, self._scratch, self._bad)
-        self._at0 = tuple(int(ptr(x) or 0) for x in bufs)
+        self._at0 = self._bound_at = tuple(int(ptr(x) or 0) for x in bufs)
         self._row_bytes = tuple(x.strides[0] for x in bufs[:4]) + (self._scratch_row, 1)
         self._strides = (pair.strides[0] // 4, audio.strides[0] // 4, audio.strides[1] // 4)
         self.handed_back = 0
         """Steps that went to the spec (a stream outside audio mode)."""
+        # rows lent by the backbone (read_logits_at): the pair and audio logits of one row lie
+        # in one block of row_bytes, at these offsets, as in the bound rows
+        self._row = pair.strides[0]
+        self._audio_off = self._bound_at[2] - self._bound_at[1]
+        self.reads_lent = bool(
+            r > 0 and audio.strides[0] == self._row and audio.strides[1] == 4 * a
+            and 2 * 4 <= self._audio_off and self._audio_off + 4 * k * a <= self._row
+        )  # fmt: skip
+        self._lent = 0
+        self._lent_pairs: dict[int, np.ndarray] = {}
 
     def __call__(self, lo: int, hi: int) -> None:
         pool = self._pool
@@ -106,7 +116,37 @@ class DelayStepTwin:
                 self._run_pooled(pool, hi, chunk)
                 return
         if not self.try_compiled(lo, hi):
-            self.spec(lo, hi)
+            self._hand_back(lo, hi)
+
+    def read_logits_at(self, address: int) -> None:
+        """The next steps read their pair and audio logits from the rows at ``address``, laid
+        out as the bound rows (a backbone's output rows, lent: not copied); 0: from the bound
+        buffers again. The caller keeps those rows alive and unchanged while it steps."""
+        if address and not self.reads_lent:
+            raise ValueError("the bound pair and audio logits are not one block of rows: lent rows cannot be read")
+        self._lent = address
+        s, _, _, o, sc, bd = self._bound_at
+        self._at0 = (s, address, address + self._audio_off, o, sc, bd) if address else self._bound_at
+
+    def pair_logits(self, rows: int) -> np.ndarray:
+        if not self._lent:
+            return self.spec.pair[:rows]
+        view = self._lent_pairs.get(self._lent)
+        if view is None:  # kept for the last two addresses: a backbone lends the same rows each tick
+            floats = ((self._rows - 1) * self._row + 8) // 4
+            flat = np.ctypeslib.as_array((ctypes.c_float * floats).from_address(self._lent))
+            view = np.lib.stride_tricks.as_strided(flat, (self._rows, 2), (self._row, 4))
+            if len(self._lent_pairs) >= 2:
+                self._lent_pairs.pop(next(iter(self._lent_pairs)))
+            self._lent_pairs[self._lent] = view
+        return view[:rows]
+
+    def _hand_back(self, lo: int, hi: int) -> None:
+        """Rows ``[lo, hi)`` to the spec, which reads the bound buffers: lent rows copied there first."""
+        if self._lent:
+            at, n = lo * self._row, (hi - lo) * self._row
+            ctypes.memmove(self._bound_at[1] + at, self._lent + at, n)
+        self.spec(lo, hi)
 
     def try_compiled(self, lo: int, hi: int) -> bool:
         """The step of rows ``[lo, hi)`` in C; False when a stream there is outside audio mode
@@ -139,7 +179,7 @@ class DelayStepTwin:
         handed = [(lo, hi) for (lo, hi), rc in zip(cuts, codes, strict=True) if not self._outcome(rc, lo, hi)]
         self.handed_back += bool(handed)  # a step, however many of its chunks
         for lo, hi in handed:
-            self.spec(lo, hi)
+            self._hand_back(lo, hi)
 
     def _outcome(self, rc: int, lo: int, hi: int) -> bool:
         """True for a step done; False for one handed back (nothing changed); raises for a bad one."""

@@ -25,8 +25,18 @@ class DelayStep(Protocol):
     on rows ``[lo, hi)`` of the pair logits, audio logits and output rows."""
 
     compiled: bool
+    reads_lent: bool
+    """Whether :meth:`read_logits_at` takes an address: the logits where a backbone left them."""
 
     def __call__(self, lo: int, hi: int) -> None: ...
+
+    def read_logits_at(self, address: int) -> None:
+        """The next steps read the pair and audio logits from rows at ``address`` laid out as
+        the bound logits rows (0: the bound buffers again); a ValueError where not ``reads_lent``."""
+
+    def pair_logits(self, rows: int) -> np.ndarray:
+        """The first ``rows`` rows (rows, 2) of the pair logits the next step reads, writable."""
+        ...
 
 
 class FramePush(Protocol):

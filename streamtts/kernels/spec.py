@@ -33,6 +33,16 @@ class SpecDelayStep:
         self.states, self.slots, self.pair, self.audio, self.out = states, slots, pair, audio, out
         self.full_text = full_text
 
+    reads_lent = False
+    """It reads the bound buffers only (see :meth:`read_logits_at`)."""
+
+    def read_logits_at(self, address: int) -> None:
+        if address:
+            raise ValueError("the NumPy delay step reads its bound buffers only: lent rows cannot be read")
+
+    def pair_logits(self, rows: int) -> np.ndarray:
+        return self.pair[:rows]
+
     def __call__(self, lo: int, hi: int) -> None:
         check_range(lo, hi, self.slots.shape[0])
         full = self.full_text if lo == 0 else (lambda b: self.full_text(lo + b))

@@ -218,6 +218,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         c_int32,
         [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int32],
     )
+    # int32_t stt_decode_lend(stt_ctx *c, int32_t n_rows, const float *embd, const int32_t *pos,
+    #                         const int32_t *seq_id, const int8_t *output, float *hidden_out,
+    #                         float *logits_out, int32_t out_capacity, float **lent);
+    fn(
+        "stt_decode_lend",
+        c_int32,
+        [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int32, P(c_void_p)],
+    )
     # int32_t stt_set_logit_columns(stt_ctx *c, const int32_t *cols, int32_t n);
     fn("stt_set_logit_columns", c_int32, [c_void_p, c_void_p, c_int32])
     # int32_t stt_n_logit_columns(const stt_ctx *c);

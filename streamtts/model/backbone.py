@@ -174,6 +174,12 @@ class Backbone:
         self._bound_out_rows = 0
         self._bound_strides = (0, 0)
         self._bound_cols = 0
+        self._lent = ctypes.c_void_p()
+        self._lent_ref = ctypes.byref(self._lent)
+        self.lent_logits = 0
+        """Where the last ``decode_bound(..., lend=True)`` left its logits rows: llama.cpp's
+        own buffer (valid until the next decode), or 0 when they were copied to the bound
+        ``logits_out`` (or not lent)."""
         raw = lib.stt_placement(h)
         self.placement: Placement = parse_placement(
             raw.decode("utf-8", "replace") if raw else "", _llama.loaded_backend(), _llama.devices()
@@ -358,12 +364,16 @@ class Backbone:
         )
         self._bound_cols = 0 if logits_out is None else int(logits_out.shape[1])
 
-    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+    def decode_bound(self, n_rows: int, want_hidden: bool = True, out_offset: int = 0, lend: bool = False) -> int:
         """Decode rows [0, n_rows) of the bound buffers; returns the number of output rows.
 
         The output rows land in the bound hidden_out / logits_out from row out_offset on.
         want_hidden=False skips the hidden states (llama.cpp's embeddings mode off).
+        lend=True (out_offset 0): the logits rows stay where llama.cpp put them when they
+        lie as the bound logits_out would hold them; :attr:`lent_logits` then says where
+        (else 0, and they were copied as usual).
         """
+        self.lent_logits = 0
         b = self._bound
         if b is None or self._handle is None:
             raise BackboneError(
@@ -395,17 +405,12 @@ class Backbone:
             hs, ls = self._bound_strides
             hidden = _offset(hidden, out_offset * hs)
             logits = _offset(logits, out_offset * ls)
-        rc: int = self._lib.stt_decode_ex(
-            self._h,
-            n_rows,
-            b[0],
-            b[1],
-            b[2],
-            b[3],
-            hidden,
-            logits,
-            self._bound_out_rows - out_offset,
-        )
+        room = self._bound_out_rows - out_offset
+        if lend and not out_offset:
+            rc: int = self._lib.stt_decode_lend(self._h, n_rows, b[0], b[1], b[2], b[3], hidden, logits, room, self._lent_ref)
+            self.lent_logits = self._lent.value or 0
+        else:
+            rc = self._lib.stt_decode_ex(self._h, n_rows, b[0], b[1], b[2], b[3], hidden, logits, room)
         if rc < 0:
             self._raise("decode_bound", rc)
         return rc

@@ -85,8 +85,8 @@ class RecordingBackbone:
         self.bufs = (pos, seq, output, hidden, logits)
         self.b.bind(embd, pos, seq, output, hidden, logits)
 
-    def decode_bound(self, n: int, want_hidden: bool = True, out_offset: int = 0) -> int:
-        r = self.b.decode_bound(n, want_hidden, out_offset)
+    def decode_bound(self, n: int, want_hidden: bool = True, out_offset: int = 0, lend: bool = False) -> int:
+        r = self.b.decode_bound(n, want_hidden, out_offset, lend)
         pos, seq, output, hidden, logits = self.bufs
         if self.core is None:  # the engine's warm-up at start, before the test holds the core
             return r
@@ -417,10 +417,10 @@ def test_a_dialogue_and_a_plain_stream_batch_together(demo_model_dir: Path) -> N
             seq[:] = [seq_buf]
             real_bind(embd, pos, seq_buf, *rest)
 
-        def decode_bound(n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+        def decode_bound(n_rows: int, want_hidden: bool = True, out_offset: int = 0, lend: bool = False) -> int:
             if len({int(x) for x in seq[0][:n_rows]}) > 1:
                 shared.append(n_rows)
-            return real_decode(n_rows, want_hidden, out_offset)
+            return real_decode(n_rows, want_hidden, out_offset, lend)
 
         b.bind = bind  # type: ignore[method-assign]
         b.decode_bound = decode_bound  # type: ignore[method-assign]

@@ -140,11 +140,11 @@ def test_cancelled_owner_hands_the_prefix_to_a_waiter(demo_model_dir: Path, voic
         def __getattr__(self, name: str) -> Any:
             return getattr(self.b, name)
 
-        def decode_bound(self, n: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+        def decode_bound(self, n: int, want_hidden: bool = True, out_offset: int = 0, lend: bool = False) -> int:
             if n > 1 and not inside.is_set():  # the first prefill piece: hold the engine here
                 inside.set()
                 release.wait(30)
-            return self.b.decode_bound(n, want_hidden, out_offset)
+            return self.b.decode_bound(n, want_hidden, out_offset, lend)
 
     async def main() -> tuple[Any, dict[str, int], int, int]:
         e = Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, max_streams=2, prefill_chunk=8, warmup=False)

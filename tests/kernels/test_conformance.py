@@ -48,6 +48,7 @@ class Run:
     compiled: bool = False
     handed_back: int = 0  # delay step: steps the twin left to the spec
     steps: int = 0
+    lent: int = 0  # delay step: steps that read lent rows (read_logits_at)
 
     def record(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
         """``fn(*args, **kw)``'s result, or the error it raised."""
@@ -161,7 +162,10 @@ def _prompt(rng: np.random.Generator, ids: TokenIds, text: float = 0.1) -> np.nd
 def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
     """Streams from reset to stop on the engine's buffers: audio, the delay flush,
     ``<|audio_end|>``, text mode (full text rows), ``<|im_end|>``; any sampling parameters,
-    the fused heads' strided logits, swapped pair ids, bad rows and repeated slots."""
+    the fused heads' strided logits, swapped pair ids, bad rows and repeated slots. With
+    ``lent`` (fused), a step that can reads its logits from other rows, lent as a backbone
+    lends its own (the bound ones then hold NaN), with a pair logit masked through
+    ``pair_logits`` now and then, as the engine forces a stream's length."""
     ids = IDS[p["ids"]]
     rng = np.random.default_rng(p["seed"])
     cap, fused = p["capacity"], p["fused"]
@@ -183,6 +187,8 @@ def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
 
     step = kernels.bind_delay_step(SpecDelayStep(states, slot_buf, logits[:, :2], audio, out, full_text))
     run = Run(compiled=step.compiled)
+    lend = bool(p.get("lent")) and step.reads_lent
+    lent = np.zeros_like(logits)
     live = [int(s) for s in rng.permutation(cap)[: int(rng.integers(p.get("min_live", 1), cap + 1))]]
 
     def reset(s: int) -> None:
@@ -207,6 +213,13 @@ def drive_delay_step(kernels: Kernels, p: dict[str, Any], ctx: Ctx) -> Run:
             audio[:b] = np.round(audio[:b])  # ties: ids decide
         if rng.random() < p["bad"]:
             (audio if rng.random() < 0.7 else logits)[int(rng.integers(0, b))].flat[int(rng.integers(0, 2))] = np.nan
+        if lend:  # the rows where a backbone left them: what the step reads must be there
+            lent[:b] = logits[:b]
+            logits[:b] = np.nan
+            step.read_logits_at(lent.ctypes.data)
+            run.lent += 1
+        if p.get("lent") and rng.random() < 0.3:
+            step.pair_logits(b)[int(rng.integers(0, b)), int(rng.integers(0, 2))] = -np.inf
         for lo, hi in _ranges(rng, b, p["split"]):
             run.record(lambda lo, hi: (step(lo, hi), out[lo:hi].copy())[1], lo, hi)
         run.trace.append([getattr(states, n).copy() for n in STATE])
@@ -378,6 +391,14 @@ CASES = [
                                 "split": st.just(False), "steps": st.just(40), "bad": st.just(0.0), "repeat": st.just(False),
                                 "text": st.just(0.3), "min_live": st.just(64), "delay": st.just((-9.0,) * 12 + (3.0,))}),
          3, min_handed_back=1, threads=3),
+    # the logits rows a backbone lends (fused heads: not copied), cut across threads, with
+    # chunks in text mode handed to the spec (which reads the bound rows: copied there first)
+    Case("delay_step", "lent rows", drive_delay_step,
+         st.fixed_dictionaries({"seed": SEED, "ids": st.just("real"), "capacity": st.just(48), "fused": st.just(True),
+                                "split": st.booleans(), "steps": st.just(40), "bad": st.just(0.0), "repeat": st.just(False),
+                                "text": st.just(0.3), "min_live": st.just(40), "lent": st.just(True),
+                                "delay": st.just((-9.0,) * 12 + (3.0,))}),
+         3, min_handed_back=1, threads=3),
     Case("step_embed", "across threads", drive_step_embed,
          st.fixed_dictionaries({"seed": SEED, "ids": st.just("small"), "n_embd": st.just(24), "dtype": st.just("float16"),
                                 "split": st.just(False), "steps": st.just(20), "capacity": st.just(96)}), 8, threads=3),
@@ -408,6 +429,7 @@ def test_twin_is_its_spec(bridge_lib: Any, ctx: Ctx, case: Case) -> None:
         assert twin.handed_back < twin.steps  # it took steps itself
         assert twin.handed_back >= case.min_handed_back, twin.handed_back
         assert_identical(spec.trace, twin.trace)
+        assert twin.lent == (twin.steps if p.get("lent") else 0)
 
     check()
     if case.threads > 1:

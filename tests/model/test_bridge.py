@@ -487,6 +487,39 @@ def test_output_copy_cut_across_the_tick_threads_is_the_same(make_backbone: Any,
         pool.close()
 
 
+def test_decode_lend_hands_out_llama_cpps_rows_or_copies(make_backbone: Any) -> None:
+    """decode_bound(lend=True): with whole rows selected the logits stay where llama.cpp put
+    them (lent_logits, output j at row j), byte for byte the rows a copy gives, and nothing is
+    copied; with a selection of columns they cannot be read in place and are copied."""
+    n, cap = 5, 8
+    for cols in (None, np.arange(0, 300, dtype=np.int32), np.array([3, 1, 4, 1, 5], np.int32)):
+        got = []
+        for lend in (False, True):
+            b = make_backbone(n_seq_max=4)
+            b.set_logit_columns(cols)
+            embd = np.zeros((cap, N_EMBD), np.float32)
+            pos, seq, out = np.zeros(cap, np.int32), np.zeros(cap, np.int32), np.zeros(cap, np.int8)
+            lg = np.full((cap, b.n_logit_columns), -7.0, np.float32)
+            b.bind(embd, pos, seq, out, None, lg)
+            embd[:n] = rows(n, 31)
+            seq[:n] = (0, 1, 2, 3, 3)
+            pos[:n] = (0, 0, 0, 0, 1)
+            out[:n] = (1, 1, 0, 1, 1)  # four outputs, batch rows 0, 1, 3, 4
+            assert b.decode_bound(n, want_hidden=False, lend=lend) == 4
+            whole = cols is None or cols.size == b.n_vocab
+            if lend and whole:
+                assert b.lent_logits and (lg == -7.0).all(), "lent rows were copied too"
+                buf = (ctypes.c_float * (4 * b.n_vocab)).from_address(b.lent_logits)
+                got.append(np.ctypeslib.as_array(buf).reshape(4, b.n_vocab).copy())
+            else:
+                assert b.lent_logits == 0
+                got.append(lg[:4].copy())
+        np.testing.assert_array_equal(got[0], got[1])
+        assert np.isfinite(got[1]).all() and not (got[1] == -7.0).any()
+    pos[0] = 1  # sequence 0's next row
+    assert b.decode_bound(1, want_hidden=False) == 1 and b.lent_logits == 0  # no lend asked: none
+
+
 # -- zero-allocation hot path -------------------------------------------------------------------
 
 

@@ -366,6 +366,29 @@ def test_engine_greedy_codes_identical_fused_vs_numpy(
         np.testing.assert_array_equal(a, b)
 
 
+def test_engine_reads_lent_logits_as_it_reads_copied_ones(demo_model_dir: Path, fused_files: dict[str, Path]) -> None:
+    """f32 fused heads: a step with no prompt piece reads the logits where llama.cpp left
+    them (stt_decode_lend, nothing copied); the codes are those of copied rows, a forced
+    length (its pair logit masked in the lent rows) and sampled codes included."""
+    cfg = demo_model_dir / "config.yaml"
+    options = [GREEDY, StreamOptions(seed=5, fixed_frames=9), StreamOptions(seed=7)]
+
+    async def main(lend: bool) -> tuple[list[np.ndarray], int]:
+        async with Engine.from_config(cfg, n_threads=1, max_streams=2, fused_gguf=str(fused_files["f32"])) as e:
+            core = e._core
+            assert core.lend_logits, "the fused heads' engine does not lend"
+            core.lend_logits, core.lent_steps = lend, 0
+            codes = [(await e.generate(TEXT, options=o)).codes for o in options]
+            return codes, core.lent_steps
+
+    copied, n_copied = asyncio.run(main(False))
+    lent, n_lent = asyncio.run(main(True))
+    assert n_copied == 0 and n_lent > 0
+    assert copied[1].shape[0] == 9
+    for a, b in zip(copied, lent, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_engine_picks_up_fused_file_next_to_backbone(
     demo_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -118,9 +118,9 @@ async def main(model_dir: Path, out_dir: Path) -> None:
 
         real_decode = b.decode_bound
 
-        def decode_bound(n_rows: int, want_hidden: bool = True, out_offset: int = 0) -> int:
+        def decode_bound(n_rows: int, want_hidden: bool = True, out_offset: int = 0, lend: bool = False) -> int:
             nonlocal max_rows
-            n = real_decode(n_rows, want_hidden, out_offset)
+            n = real_decode(n_rows, want_hidden, out_offset, lend)
             max_rows = max(max_rows, n)
             return n
 
