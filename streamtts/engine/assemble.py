@@ -324,6 +324,9 @@ def build_runtime(
         "sampler": cfg.sampler,
         "kernels": core.kernels.describe(),
         "tick_threads": core.kernels.threads if core.kernels.pool is not None else 1,
+        # where a step reads its logits: "lent" (where llama.cpp left them; fused heads) or
+        # "copied" (out of llama.cpp's buffer into the engine's, every step)
+        "logits": "lent" if core.lend_logits else "copied",
         "codec": worker.codec.kind,
         "codec_turns": worker.turns.enabled,
         "codec_state_mib_per_stream": _codec_state_mib(worker),

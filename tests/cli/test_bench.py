@@ -106,6 +106,7 @@ def test_bench_null_codec_and_tick_threads(demo_model_dir: Path, tmp_path: Path)
     )  # fmt: skip
     assert res["null_backbone"] is True and res["null_codec"] is True
     assert res["engine"]["codec"] == "null" and res["engine"]["tick_threads"] == 2
+    assert res["engine"]["logits"] == "lent"  # the null backbone lends, as the bridge with fused heads
     lv = res["levels"][0]
     assert lv["concurrency"] == 40 and lv["ms_per_tick_p50"] > 0 and lv["ms_per_step_p50"] > 0
 

@@ -361,6 +361,7 @@ def test_engine_greedy_codes_identical_fused_vs_numpy(
     ref, info_n = _greedy_codes(cfg, texts, heads_backend="numpy")
     got, info_f = _greedy_codes(cfg, texts, fused_gguf=str(fused_files["f32"]))
     assert info_n["heads"] == "numpy" and info_f["heads"] == "fused (llama.cpp)"
+    assert info_n["logits"] == "copied" and info_f["logits"] == "lent"
     for a, b in zip(ref, got, strict=True):
         assert a.shape[0] >= 2
         np.testing.assert_array_equal(a, b)
