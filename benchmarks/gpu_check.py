@@ -152,6 +152,7 @@ async def _engine_single(cfg: Path, frames: int, streams: int, **overrides: Any)
         "step_ms_p50": _p50(step),
         "profile": prof,
         "heads": info.get("heads"),
+        "logits": info.get("logits"),  # lent: the step read llama.cpp's own rows (stt_decode_lend)
     }
 
 
@@ -294,7 +295,7 @@ def table(res: dict[str, Any]) -> str:
     ef = res.get("engine_fused")
     if ef:
         ratio = ef["step_ms_p50"] / bf["step_ms_p50"] if bf else float("nan")
-        add(("engine 1 stream, fused: TTFA p50", f"{ef['ttfa_ms_p50']:.1f} ms"))
+        add(("engine 1 stream, fused: TTFA p50", f"{ef['ttfa_ms_p50']:.1f} ms (logits {ef.get('logits')})"))
         add(("engine 1 stream, fused: step p50", f"{ef['step_ms_p50']:.3f} ms  (x{ratio:.3f} bare)"))
         add(("  step split (ms)", ", ".join(f"{k} {v:.3f}" for k, v in ef["profile"].items())))
     en = res.get("engine_numpy")

@@ -130,6 +130,7 @@ def test_the_offline_rehearsal_runs_the_whole_pipeline_from_the_kit_alone(kit: P
         "bare llama.cpp step, fused GGUF",
         "bare llama.cpp step, original GGUF",
         "engine 1 stream, fused: TTFA p50",
+        "(logits lent)",
         "engine 1 stream, numpy heads",
         "bench concurrency   1",
         "bench concurrency   2",
