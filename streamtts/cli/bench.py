@@ -43,6 +43,7 @@ class NullBackbone:
         self._idx = np.zeros(0, dtype=np.int64)
         self.lent_logits = 0
         self._lent_rows = np.zeros((0, 0), dtype=np.float32)
+        self._lend_block = 0
         self._lend_half = 0
 
     def bind(self, embd: Any, pos: Any, seq: Any, output: Any, hidden_out: Any, logits_out: Any) -> None:
@@ -56,8 +57,9 @@ class NullBackbone:
             self._logits_src[:, 2:] = 2.0 * np.random.default_rng(1).standard_normal((64, n_cols - 2), dtype=np.float32)
         # rows to lend, as llama.cpp lends its output buffer: two blocks taken in turn, so a
         # step reads rows the last one did not leave in cache (as a GPU's fresh rows)
-        rows = logits_out.shape[0]
-        self._lent_rows = np.take(self._logits_src, np.arange(2 * rows) % 64, axis=0)
+        # (a block of half the engine's output rows: a lent step has one row per running stream)
+        self._lend_block = max(1, logits_out.shape[0] // 2)
+        self._lent_rows = np.take(self._logits_src, np.arange(2 * self._lend_block) % 64, axis=0)
 
     def set_tick_pool(self, pool: int | None) -> None:
         """As the bridge: the output copy cut across the tick's threads."""
@@ -73,10 +75,10 @@ class NullBackbone:
         n = sel.size
         if n == 0:
             return 0
-        if lend and not out_offset and not (want_hidden and hidden is not None):
+        if lend and not out_offset and n <= self._lend_block and not (want_hidden and hidden is not None):
             # the rows where they lie, as the bridge lends them (stt_decode_lend): nothing copied
             self._lend_half ^= 1
-            rows = self._lent_rows[self._lend_half * logits.shape[0] :]
+            rows = self._lent_rows[self._lend_half * self._lend_block :]
             rows[:n, :2] = 0.0  # fresh text logits (a forced length masks one of them)
             self.lent_logits = rows.ctypes.data
             return n
