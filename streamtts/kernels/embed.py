@@ -49,9 +49,9 @@ class StepEmbedTwin:
         self._fn = lib.stt_embed_rows
         self._pooled = lib.stt_pool_embed_rows
         self._pool = pool
-        self._codes = TickPool.chunk_codes(min(slots.shape[0], out.shape[0]))
-        self._codes_p = ptr(self._codes)
         self._n_max = min(slots.shape[0], out.shape[0])
+        self._codes = TickPool.chunk_codes(self._n_max)
+        self._codes_p = ptr(self._codes)
         self._n_rows = rows.shape[0]
         self._slots = slots
         self._rows = rows
@@ -70,8 +70,9 @@ class StepEmbedTwin:
         if chunk:
             assert pool is not None
             pool.parallel_runs += 1
-            args = (self._ref, s, hi, self._rows_p, self._n_rows, self._row_stride, o, self._out_stride)
-            failed = self._pooled(pool.handle, chunk, self._codes_p, *args)
+            failed = self._pooled(
+                pool.handle, chunk, self._codes_p, self._ref, s, hi, self._rows_p, self._n_rows, self._row_stride, o, self._out_stride
+            )
             if failed < 0:  # cannot happen: chunk >= 1
                 raise RuntimeError(f"stt_pool_embed_rows returned {failed}")
             if failed:
