@@ -55,6 +55,7 @@ from .audio.formats import AudioFormat, decode_audio, get_format
 from .config import SamplingParams
 from .errors import ServerError
 from .server.protocol import Alignment, AudioHeader, Done, Error, Ready, SegmentInfo
+from .text.pieces import split_for_messages
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class ClientSession:
         self.errors: list[Error] = []
         self.done: Done | None = None  # the session's own (final) done
         self._next_context: str | None = None  # named by the `audio` header just read
+        self.warn_errors = True  # log each non-fatal error as a warning (besides yielding it)
 
     @classmethod
     async def open(cls, ws: Any, **settings: Any) -> ClientSession:
@@ -137,10 +139,19 @@ class ClientSession:
         await self._send({"type": "start", **{k: v for k, v in settings.items() if v is not None}})
 
     async def send_text(self, text: str, flush: bool = False, context_id: str | None = None) -> None:
-        msg: dict[str, Any] = {"type": "text", "text": text}
-        if flush:
-            msg["flush"] = True
-        await self._send(msg, context_id)
+        """Text to speak; longer than the server takes in one message (its ``ready`` limits),
+        it goes as several, cut at sentence ends (it is spoken the same either way)."""
+        pieces = [text]
+        limits = self.ready.limits if self.ready is not None else None
+        if limits is not None and len(text.encode("utf-8")) > min(
+            limits.max_text_chars, limits.max_message_bytes // 8
+        ):
+            pieces = split_for_messages(text, limits.max_text_chars, limits.max_message_bytes)
+        for i, piece in enumerate(pieces):
+            msg: dict[str, Any] = {"type": "text", "text": piece}
+            if flush and i == len(pieces) - 1:
+                msg["flush"] = True
+            await self._send(msg, context_id)
 
     async def flush(self, context_id: str | None = None) -> None:
         await self._send({"type": "flush"}, context_id)
@@ -154,7 +165,20 @@ class ClientSession:
         await self._send({"type": "cancel"}, context_id)
 
     async def close(self) -> None:
-        await self._ws.close()
+        """Close the session, at once even mid-stream: the server's answer to the close comes
+        after the audio it had sent already, so that audio is read (and dropped) meanwhile; a
+        client that stopped reading would otherwise wait out the close timeout (10 s)."""
+        drain = asyncio.create_task(self._discard())
+        try:
+            await self._ws.close()
+        finally:
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
+
+    async def _discard(self) -> None:
+        with contextlib.suppress(Exception):  # closed, or another task reads it: nothing to do
+            while True:
+                await self._ws.recv()
 
     async def _wait_ready(self) -> None:
         """The answer to ``start``: ``ready``, or an error (raised: the settings were refused)."""
@@ -215,7 +239,8 @@ class ClientSession:
                     if ev.fatal:
                         await self._await_close_after(ev)
                         raise ServerError(ev.code, ev.message, self._ws.close_code)
-                    log.warning("server: %s: %s", ev.code, ev.message)
+                    if self.warn_errors:
+                        log.warning("server: %s: %s", ev.code, ev.message)
                     yield ev
         except ConnectionClosed as exc:
             if self.done is None:
@@ -310,10 +335,19 @@ class StreamClient:
             await s.close()
 
     async def stream(
-        self, text: str | Iterable[str] | AsyncIterable[str], **overrides: Any
+        self,
+        text: str | Iterable[str] | AsyncIterable[str],
+        *,
+        strict: bool = False,
+        **overrides: Any,
     ) -> AsyncIterator[npt.NDArray[np.float32]]:
-        """Speak ``text`` (a string, or pieces such as LLM tokens); yields float32 PCM."""
+        """Speak ``text`` (a string, or pieces such as LLM tokens); yields float32 PCM.
+
+        A server's refusal of a part (an ``error`` that is not fatal: a text over its
+        limits, a segment it could not speak) is logged as a warning and the rest is spoken;
+        ``strict`` raises it as :class:`ServerError` instead."""
         async with self.session(**overrides) as s:
+            s.warn_errors = not strict
             sender = asyncio.create_task(_send_all(s, text))
             try:
                 async for ev in s:
@@ -321,6 +355,8 @@ class StreamClient:
                         yield ev.pcm
                     elif isinstance(ev, Done):
                         break
+                    elif isinstance(ev, Error) and strict:
+                        raise ServerError(ev.code, ev.message)
                 await sender  # raises if sending failed
             finally:
                 if not sender.done():

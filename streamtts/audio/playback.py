@@ -54,6 +54,7 @@ __all__ = [
     "Player",
     "RingBuffer",
     "play",
+    "save_subtype",
 ]
 
 DEFAULT_PREROLL_MS = 40.0
@@ -183,6 +184,15 @@ class PlaybackReport:
         return text
 
 
+def save_subtype(path: str) -> str | None:
+    """The sample type of a ``--save`` file, with a sound card or without: 32-bit float where
+    the format has it (what was played, bit for bit), else the format's default."""
+    import soundfile as sf
+
+    fmt = Path(path).suffix.lstrip(".").upper()
+    return "FLOAT" if fmt and sf.check_format(fmt, "FLOAT") else None
+
+
 class _SaveWriter:
     """Writes the played samples to a file from the monitor task (never the audio callback).
 
@@ -196,11 +206,9 @@ class _SaveWriter:
         import soundfile as sf
 
         self.path = str(path)
-        fmt = Path(self.path).suffix.lstrip(".").upper()
-        subtype = "FLOAT" if fmt and sf.check_format(fmt, "FLOAT") else None
         try:
             self._file = sf.SoundFile(
-                self.path, mode="w", samplerate=samplerate, channels=1, subtype=subtype
+                self.path, mode="w", samplerate=samplerate, channels=1, subtype=save_subtype(self.path)
             )
         except Exception as exc:  # soundfile raises LibsndfileError / TypeError / OSError
             raise PlaybackError(f"cannot write {self.path}: {exc}") from exc

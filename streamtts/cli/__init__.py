@@ -1,5 +1,28 @@
 """The `streamtts` command line: one module per command family."""
 
-from .main import main
+from __future__ import annotations
+
+import sys
+
+from . import interrupts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``streamtts`` command: :func:`streamtts.cli.main.main` under a Ctrl-C watch set
+    before its modules import (they take the first fraction of a second)."""
+    interrupts.watch()
+    try:
+        from .main import main as run
+
+        globals()["main"] = _entry  # importing the submodule `main` rebound the name to it
+        return run(argv)
+    except BaseException:
+        if not interrupts.seen():
+            raise
+        print("streamtts: interrupted", file=sys.stderr)
+        return 130
+
+
+_entry = main
 
 __all__ = ["main"]

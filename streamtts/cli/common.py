@@ -227,22 +227,47 @@ def env_device() -> str | None:
     return os.environ.get("STREAMTTS_OUTPUT_DEVICE") or None
 
 
-async def save_instead(chunks: Any, path: str, exc: PlaybackError, quiet: bool) -> None:
-    """No sound card (the player failed before reading ``chunks``): write them all to ``path``."""
-    import numpy as np
+async def save_instead(chunks: Any, path: str, exc: PlaybackError, quiet: bool) -> int:
+    """No sound card (the player failed before reading ``chunks``): write them to ``path`` as
+    they come, so that Ctrl-C (or a failure) leaves what was generated so far; returns the
+    number of samples written."""
     import soundfile as sf
 
-    from ..audio.formats import file_subtype
+    from ..audio.playback import save_subtype
 
     if not quiet:
         print(f"streamtts: {exc.reason}: writing {path} only", file=sys.stderr)
-    pcm = [c async for c in chunks]
-    sf.write(
-        path,
-        np.concatenate(pcm) if pcm else np.zeros(0, np.float32),
-        SAMPLE_RATE,
-        subtype=file_subtype(path),
-    )
+    written = 0
+    with sf.SoundFile(path, "w", SAMPLE_RATE, 1, subtype=save_subtype(path)) as f:
+        async for pcm in chunks:
+            f.write(pcm)
+            written += len(pcm)
+    return written
+
+
+def stdin_piped() -> bool:
+    """Whether stdin brings text: a pipe, a file or a socket (``echo Hi | streamtts speak``,
+    ``< text.txt``); not a terminal, /dev/null or a closed stdin."""
+    import stat
+
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # closed, or replaced by a non-file
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
+
+
+def wrote(path: str, interrupted: bool = False) -> None:
+    """The result line of a command that saved audio: ``wrote F: 2.40 s``."""
+    import soundfile as sf
+
+    try:
+        seconds = sf.info(path).duration
+    except Exception:  # noqa: BLE001 - an unreadable file: say only that it was written
+        print(f"wrote {path}")
+        return
+    why = " (until interrupted)" if interrupted else ""
+    print(f"wrote {path}: {seconds:.2f} s{why}")
 
 
 def load_config_or_demo(path: str | None, demo: bool = True) -> Any:

@@ -23,14 +23,15 @@ check=...)``; the ``check_*`` helpers in ``cli_common.py`` are theirs to use.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
+import inspect
 import logging
 import re
 import sys
 from typing import Any, NoReturn
 
 from ..errors import StreamTTSError
+from . import interrupts
 
 log = logging.getLogger("streamtts")
 
@@ -155,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         if check is not None:
             check(args)
         result = args.handler(args)
-        return int(asyncio.run(result) if asyncio.iscoroutine(result) else result or 0)
+        if not inspect.iscoroutine(result):
+            return int(result or 0)
+        import asyncio
+
+        interrupts.hand_to_asyncio()  # Ctrl-C cancels the command's task: its clean-up runs
+        return int(asyncio.run(result))
     except StreamTTSError as exc:
         return _fail(exc, args.verbose)
     except OSError as exc:  # the system's answer (a file, a socket): not a bug of ours

@@ -27,8 +27,10 @@ def add_parser(sub: Any) -> None:
         "say", help="speak text through a remote `streamtts serve`"
     )
     p.add_argument(
-        "text", help="text to speak, or - to stream stdin line by line (e.g. piped from an LLM)"
-    )
+        "text", nargs="?",
+        help="text to speak; - (or no TEXT with text piped in) streams stdin line by line, "
+        "e.g. from an LLM; text longer than the server takes in one message is sent in pieces",
+    )  # fmt: skip
     p.add_argument(
         "--server", default=default_server(),
         help=f"the server's base URL (http:// or ws://; ${SERVER_ENV} sets the default)",
@@ -54,8 +56,21 @@ def add_parser(sub: Any) -> None:
 
 
 def _check_say(args: argparse.Namespace) -> None:
-    from .common import check_input_file, check_output_device, check_output_file, check_text
+    from .common import (
+        check_input_file,
+        check_output_device,
+        check_output_file,
+        check_text,
+        stdin_piped,
+    )
 
+    if args.text is None:
+        if not stdin_piped():
+            raise UsageError(
+                'give the text to say: streamtts say "Hello there." (or pipe it in: '
+                "echo Hello | streamtts say)"
+            )
+        args.text = "-"
     if args.text != "-":
         check_text(args.text, "TEXT")
     check_input_file(args.reference, "--reference")
@@ -74,9 +89,11 @@ async def _stdin_lines() -> AsyncIterator[str]:
 
 
 async def say(args: argparse.Namespace) -> int:
+    import asyncio
+
     from ..audio import playback as player
     from ..client import StreamClient
-    from .common import save_instead
+    from .common import save_instead, wrote
 
     client = StreamClient(
         args.server,
@@ -87,11 +104,14 @@ async def say(args: argparse.Namespace) -> int:
         seed=args.seed,
         format="pcm_f32le_24000",  # what the player takes, bit-exact
     )
+    report = None
     try:
         if args.reference:
             client.settings["voice"] = await client.upload_voice(args.reference)
         text: Any = _stdin_lines() if args.text == "-" else args.text
-        chunks = client.stream(text)
+        # strict: a text the server refuses is an error (exit 2 with its reason), not a
+        # warning before a short file and exit 0
+        chunks = client.stream(text, strict=True)
         try:
             report = await player.play(chunks, device=args.output_device, save=args.save)
         except PlaybackError as exc:
@@ -99,12 +119,18 @@ async def say(args: argparse.Namespace) -> int:
                 raise
             # No sound card: the player failed before reading the stream, so save it all.
             await save_instead(chunks, args.save, exc, args.quiet)
-            return 0
+    except asyncio.CancelledError:  # Ctrl-C: the file keeps what came so far
+        if args.save and not args.quiet:
+            wrote(args.save, interrupted=True)
+        raise
     except OSError as exc:
         raise UsageError(
             f"cannot reach {client.url}: {exc.strerror or exc} (is `streamtts serve` running "
             f"there? start it with `streamtts serve`, or point --server at it)"
         ) from exc
     if not args.quiet:
-        print(report.summary(), file=sys.stderr)
+        if report is not None:
+            print(f"streamtts: {report.summary()}", file=sys.stderr)
+        if args.save:
+            wrote(args.save)
     return 0

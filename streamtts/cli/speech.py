@@ -30,6 +30,8 @@ from .common import (
     positive_int,
     save_instead,
     speaker_arg,
+    stdin_piped,
+    wrote,
 )
 
 log = logging.getLogger("streamtts")
@@ -173,6 +175,8 @@ def _check_text(text: str, flag: str, args: argparse.Namespace) -> None:
     check_text_length(text, flag)
 
 
+SPEAK_DEFAULT_TEXT = "Hello! This is streamtts, speaking while it thinks."
+
 # Steps slower than this many times the fastest one: something else is using the CPU.
 SLOW_STEP_RATIO = 3.0
 
@@ -302,6 +306,8 @@ def _write_timestamps(path: str, words: list[Any]) -> None:
 def _check_speak(args: argparse.Namespace) -> None:
     if args.list_devices:
         return
+    if args.text is None:  # text piped in is read; else (a terminal) the sentence of --help
+        args.text = "-" if stdin_piped() else SPEAK_DEFAULT_TEXT
     if args.text != "-":
         _check_text(args.text, "TEXT", args)
     check_output_file(args.save, "--save")
@@ -315,6 +321,8 @@ def _check_speak(args: argparse.Namespace) -> None:
 
 
 async def _speak(args: argparse.Namespace) -> int:
+    import asyncio
+
     from ..audio import playback as player
     from ..audio.devices import list_devices
 
@@ -334,21 +342,27 @@ async def _speak(args: argparse.Namespace) -> int:
                 async for chunk in s:
                     yield chunk.pcm
 
-        if args.no_device is not None:  # said up front (_check_speak)
-            await save_instead(pcm_chunks(), args.save, args.no_device, quiet=True)
-            if not args.quiet:
-                print(f"wrote {args.save}")
-            return 0
+        report = None
         try:
-            report = await player.play(pcm_chunks(), device=args.output_device, save=args.save)
-        except PlaybackError as exc:
-            if not args.save:
-                raise
-            # No sound card: still produce the requested file from the same stream.
-            await save_instead(pcm_chunks(), args.save, exc, args.quiet)
-            return 0
+            if args.no_device is not None:  # said up front (_check_speak)
+                await save_instead(pcm_chunks(), args.save, args.no_device, quiet=True)
+            else:
+                try:
+                    report = await player.play(pcm_chunks(), device=args.output_device, save=args.save)
+                except PlaybackError as exc:
+                    if not args.save:
+                        raise
+                    # No sound card: still produce the requested file from the same stream.
+                    await save_instead(pcm_chunks(), args.save, exc, args.quiet)
+        except asyncio.CancelledError:  # Ctrl-C: the file keeps what was generated so far
+            if args.save and not args.quiet:
+                wrote(args.save, interrupted=True)
+            raise
         if not args.quiet:
-            print(report.summary(), file=sys.stderr)
+            if report is not None:
+                print(f"streamtts: {report.summary()}", file=sys.stderr)
+            if args.save:
+                wrote(args.save)
         if args.profile:
             _print_profile(engine, s.stats)
     return 0
@@ -378,7 +392,11 @@ def add_parser(sub: Any) -> None:
 
     sp = sub.add_parser("speak", help="speak text through the speakers as it is generated")
     add_model_args(sp)
-    sp.add_argument("text", nargs="?", default="Hello! This is streamtts, speaking while it thinks.", help="text, or - for stdin")
+    sp.add_argument(
+        "text", nargs="?",
+        help=f"the text; - reads stdin, as does no TEXT with text piped in; no TEXT at a terminal: "
+        f"{SPEAK_DEFAULT_TEXT!r}",
+    )  # fmt: skip
     sp.add_argument(
         "--output-device", default=env_device(),
         help="output device index or name substring (--list-devices), or null: paced like a sound "

@@ -13,6 +13,10 @@ only changes what uvicorn does around it:
   passes, then closes.
 * **Logging**: a text frame that is not UTF-8 is one rate-limited INFO line
   (uvicorn logs a traceback at ERROR); so are the other protocol errors.
+* **Shutting down** (Ctrl-C): uvicorn sends each connection a close frame and closes it,
+  which waits for its unsent data to go out; a client that stopped reading never takes it,
+  and uvicorn waits out its graceful-shutdown timeout, then logs an error. Here such a
+  connection is aborted after ``SHUTDOWN_FLUSH_S``.
 * **Refused handshakes** (an HTTP response instead of the upgrade: bad token,
   origin or Host): uvicorn logs ``ASGI callable returned without completing
   handshake`` at ERROR for each, though the refusal was complete.
@@ -27,11 +31,12 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from .logs import REFUSALS
 
-__all__ = ["ERROR_CLOSE_TIMEOUT_S", "WebSocketProtocol"]
+__all__ = ["ERROR_CLOSE_TIMEOUT_S", "SHUTDOWN_FLUSH_S", "WebSocketProtocol"]
 
 log = logging.getLogger(__name__)
 
 ERROR_CLOSE_TIMEOUT_S = 2.0  # wait this long for the client's side of an error close
+SHUTDOWN_FLUSH_S = 1.0  # at shutdown, a connection's unsent data gets this long to go out
 
 _INVALID_UTF8 = 1007
 
@@ -44,6 +49,11 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         await super().send(message)
         if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
             self.handshake_complete = True
+
+    # -- shutdown: a client that does not read cannot hold the server open -------------------
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.loop.call_later(SHUTDOWN_FLUSH_S, self.transport.abort)  # no-op once closed
 
     # -- text that is not UTF-8: 1007, closed cleanly ----------------------------------------
     def send_receive_event_to_app(self) -> None:

@@ -1,0 +1,236 @@
+"""The surfaces a person touches, tried as a person does (issue 40): text piped in, Ctrl-C at
+any moment, a line longer than the server takes, a server refusing the text, a server stopped
+while a client is not reading.
+
+Every command is a real ``python -m streamtts`` process; servers are real ``streamtts serve``
+processes; Ctrl-C is a real SIGINT; a terminal is a real pty. Nothing waits a fixed time: each
+signal is sent once the process has reached the moment it is about (its audio file grows, its
+stream is generating, its heavy modules are loading).
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from streamtts.text.segmenter import SegmenterConfig, split_text
+
+SENTENCES = " ".join(f"This is sentence number {i} of a long text that goes on." for i in range(40))
+
+
+def streamtts(*args: str) -> list[str]:
+    return [sys.executable, "-m", "streamtts", *args]
+
+
+def run(*args: str, stdin: Any = None, input: str | None = None, timeout: float = 300) -> Any:
+    env = {**os.environ, "COLUMNS": "100"}
+    return subprocess.run(
+        streamtts(*args), capture_output=True, text=True, env=env, timeout=timeout,
+        stdin=stdin, input=input,
+    )  # fmt: skip
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        streamtts(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for(what: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Poll ``what`` until true; fails if the process ends first (it finished too soon)."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the command ended before the moment of the test:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the moment of the test never came")
+        time.sleep(0.02)
+
+
+def grows(path: Path, past: int = 44 + 24000) -> Callable[[], bool]:
+    """The file exists and holds more than its header and about half a second of audio."""
+    return lambda: path.exists() and path.stat().st_size > past
+
+
+def interrupt(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "streamtts: interrupted", err
+    return out, err
+
+
+def no_sound_card() -> None:
+    try:
+        from streamtts.audio.devices import resolve_output_device
+
+        resolve_output_device(None)
+    except Exception:
+        return
+    pytest.skip("this machine has an audio output device")
+
+
+@pytest.fixture(scope="module")
+def config(demo_model_dir: Path, bridge_lib: Any) -> str:
+    return str(demo_model_dir / "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def server(serve: Any) -> Any:
+    # a small per-message limit, so that a long line is one a user can type
+    return serve("--max-text-chars", "300", "--max-session-chars", "4000", "--segment-max-new-tokens", "60")
+
+
+# -- 2. stdin ----------------------------------------------------------------------------------
+def test_speak_speaks_text_piped_in_without_dash(config: str, tmp_path: Path) -> None:
+    text = "Words that came down a pipe."
+    piped = run("speak", "--config", config, "--n-threads", "1", "--seed", "5", "--save", str(tmp_path / "a.wav"),
+                input=text + "\n")  # fmt: skip
+    given = run("speak", text, "--config", config, "--n-threads", "1", "--seed", "5", "--save", str(tmp_path / "b.wav"))
+    assert piped.returncode == 0 and given.returncode == 0, (piped.stderr, given.stderr)
+    a, b = sf.read(tmp_path / "a.wav")[0], sf.read(tmp_path / "b.wav")[0]
+    assert a.size > 0 and np.array_equal(a, b)  # the piped text, not the built-in sentence
+    assert piped.stdout.startswith(f"wrote {tmp_path / 'a.wav'}: ")
+
+
+def test_speak_at_a_terminal_without_text_speaks_the_sentence_its_help_names(config: str, tmp_path: Path) -> None:
+    helped = run("speak", "--help")
+    assert "no TEXT at a terminal: 'Hello! This is streamtts" in " ".join(helped.stdout.split())
+    leader, follower = pty.openpty()
+    try:  # stdin a terminal: nothing is read from it (a read would wait here for ever)
+        r = run("speak", "--config", config, "--n-threads", "1", "--save", str(tmp_path / "t.wav"), stdin=follower)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert r.returncode == 0, r.stderr
+    assert sf.info(str(tmp_path / "t.wav")).frames > 0
+
+
+def test_say_reads_piped_stdin_without_dash(server: Any, tmp_path: Path) -> None:
+    out = tmp_path / "said.wav"
+    r = run("say", "--server", server.http, "--save", str(out), input="Piped to the server.\n")
+    assert r.returncode == 0, r.stderr
+    assert sf.info(str(out)).frames > 0 and r.stdout.startswith(f"wrote {out}: ")
+    assert run("say", "--server", server.http, stdin=subprocess.DEVNULL).returncode == 2  # nothing to say
+    server.wait_idle()
+
+
+# -- 3. long lines and refusals through `say` ---------------------------------------------------
+def test_say_splits_a_line_longer_than_the_server_takes(server: Any, tmp_path: Path) -> None:
+    line = SENTENCES[:1500]  # one line, five times the server's --max-text-chars
+    before = server.metric("streamtts_segments_total")
+    out = tmp_path / "long.wav"
+    r = run("say", "-", "--server", server.http, "--save", str(out), input=line + "\n")
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr.lower(), r.stderr
+    # every segment of the line was spoken: the server cut it as it cuts it whole
+    want = len(split_text(line + "\n", SegmenterConfig()))
+    assert server.metric("streamtts_segments_total") - before == want
+    assert sf.info(str(out)).frames > 0
+    server.wait_idle()
+
+
+def test_say_exits_non_zero_when_the_server_refuses_the_text(server: Any, tmp_path: Path) -> None:
+    r = run("say", "--server", server.http, "--save", str(tmp_path / "x.wav"), SENTENCES * 2)  # over 4000
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("streamtts: error: session_text_limit: ") and "4000" in lines[-1], r.stderr
+    server.wait_idle()
+
+
+# -- 4. Ctrl-C ---------------------------------------------------------------------------------
+def test_ctrl_c_while_modules_load_is_interrupted_not_a_traceback(config: str) -> None:
+    proc = start("speak", "--config", config, "Hello.")
+    maps = Path(f"/proc/{proc.pid}/maps")
+    # the moment: numpy's compiled core is being loaded (the heavy imports have begun)
+    wait_for(lambda: "_multiarray_umath" in maps.read_text(errors="replace"), proc)
+    interrupt(proc)
+
+
+def test_say_ctrl_c_while_playing_closes_at_once(server: Any) -> None:
+    """The player (a paced null device) has audio queued and the server more: Ctrl-C closes
+    the session, and the server's answer to the close is read, not waited out (10 s)."""
+    proc = start("say", "-vv", "--server", server.http, "--output-device", "null", SENTENCES[:2000])
+    # the moment: the server is far ahead of the player (20 s of audio sent), so the client
+    # holds more than it reads (its queue full, it reads no more from the socket)
+    sent = server.metric("streamtts_audio_seconds_total")
+    wait_for(lambda: server.metric("streamtts_audio_seconds_total") - sent > 20, proc)
+    t = time.monotonic()
+    _, err = interrupt(proc)
+    elapsed = time.monotonic() - t
+    assert "< CLOSE 1000" in err, err[-3000:]  # the server answered the close, and it was read
+    assert "timed out" not in err
+    print(f"say exited {elapsed:.2f} s after Ctrl-C")
+    server.wait_idle()
+
+
+def test_say_save_keeps_what_came_before_ctrl_c(server: Any, tmp_path: Path) -> None:
+    no_sound_card()
+    out = tmp_path / "kept.wav"
+    proc = start("say", "--server", server.http, "--save", str(out), SENTENCES[:2000])
+    wait_for(grows(out), proc)
+    stdout, _ = interrupt(proc)
+    assert stdout.startswith(f"wrote {out}: ") and "(until interrupted)" in stdout
+    x, sr = sf.read(out)
+    assert sr == 24000 and x.size >= 12000
+    server.wait_idle()
+
+
+def test_speak_save_keeps_what_came_before_ctrl_c(config: str, tmp_path: Path) -> None:
+    no_sound_card()
+    out = tmp_path / "kept.wav"
+    proc = start("speak", "--config", config, "--n-threads", "1", "--save", str(out), SENTENCES)
+    wait_for(grows(out), proc)
+    stdout, _ = interrupt(proc)
+    assert stdout.startswith(f"wrote {out}: ") and "(until interrupted)" in stdout
+    info = sf.info(str(out))
+    assert info.samplerate == 24000 and info.frames >= 12000
+    assert info.subtype == "FLOAT"  # as the player saves it: one sample type, sound card or not
+
+
+def test_serve_stops_on_ctrl_c_with_a_client_that_stopped_reading(demo_model_dir: Path, tmp_path: Path) -> None:
+    import asyncio
+    import json
+
+    import websockets
+    from conftest import start_server
+
+    # small socket buffers both ends: what the kernels do not hold waits in the server's process
+    srv = start_server(["--config", str(demo_model_dir / "config.yaml"), "--socket-send-buffer", "65536"],
+                       tmp_path / "serve.log")  # fmt: skip
+
+    async def stalled() -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.connect(("127.0.0.1", srv.port))
+        # reads nothing after `start`: the audio the server sends piles up
+        async with websockets.connect(srv.ws, sock=sock, max_queue=1, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "format": "pcm_f32le_24000"}))
+            await ws.send(json.dumps({"type": "text", "text": SENTENCES[:3000]}))
+            while srv.metric("streamtts_audio_seconds_total") < 5:  # 480 kB: past both buffers
+                await asyncio.sleep(0.05)
+            srv.proc.send_signal(signal.SIGINT)
+            await asyncio.to_thread(srv.proc.wait, 60)
+
+    try:
+        asyncio.run(stalled())
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    log = srv.log_path.read_text(errors="replace")
+    assert "graceful shutdown exceeded" not in log and "Traceback" not in log, log[-3000:]
