@@ -35,10 +35,13 @@ class ServerSettings:
     # Host names answered besides IP literals, localhost and bind_host ("*" = any): hosts.py
     allowed_hosts: tuple[str, ...] = ()
     bind_host: str | None = None  # the address or name the server binds (`--host`)
-    send_buffer_s: float = 30.0  # audio seconds queued per connection before generation waits
-    # A client whose buffer is full must take min_read_rate s of audio per s over send_stall_s.
+    # audio seconds queued per connection before generation waits (the engine's
+    # buffered-ahead pause then holds the stream)
+    send_buffer_s: float = 2.0
+    send_lead_s: float = 4.0  # audio seconds on the socket ahead of what the listener consumed
+    # A WebSocket client this many seconds behind a real-time listener is dropped (pacing.py);
+    # an HTTP client whose response waits this long with nothing taken is.
     send_stall_s: float = 10.0
-    min_read_rate: float = 0.5
     ws_max_size: int = 1 << 20  # hard message limit enforced by the websockets library (close 1009)
     ping_interval_s: float = 20.0
     ping_timeout_s: float = 20.0
@@ -63,8 +66,8 @@ class ServerSettings:
             )
         if self.session.first_message_timeout_s <= 0 or self.session.idle_timeout_s <= 0:
             raise ConfigError("first_message_timeout_s and idle_timeout_s must be > 0")
-        if self.send_buffer_s <= 0 or self.send_stall_s <= 0:
-            raise ConfigError("send_buffer_s and send_stall_s must be > 0")
+        if self.send_buffer_s <= 0 or self.send_stall_s <= 0 or self.send_lead_s <= 0:
+            raise ConfigError("send_buffer_s, send_lead_s and send_stall_s must be > 0")
         if self.session.max_message_bytes > self.ws_max_size:
             raise ConfigError("max_message_bytes must be <= ws_max_size")
         if self.drain_timeout_s <= 0:

@@ -436,15 +436,15 @@ class Session:
         self._fatal_once(ErrorCode.FIRST_MESSAGE_TIMEOUT, msg, CloseCode.POLICY)
 
     def send_stalled(self, seconds: float) -> None:
-        """The send buffer stayed full for ``seconds``: the client does not read."""
+        """The client fell ``seconds`` behind a real-time listener: it reads too slowly."""
         if self.closed:
             return
         self._out.append(Abort())
         self._send(
             Error(
                 code=ErrorCode.SLOW_CLIENT,
-                message=f"the client read too little audio in {seconds:g} s with its send buffer full "
-                "(slower than real time); dropped",
+                message=f"the client fell {seconds:g} s behind real-time playback "
+                "(it reads slower than real time, or stopped); dropped",
                 fatal=True,
             )
         )

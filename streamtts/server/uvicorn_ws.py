@@ -17,6 +17,10 @@ only changes what uvicorn does around it:
   which waits for its unsent data to go out; a client that stopped reading never takes it,
   and uvicorn waits out its graceful-shutdown timeout, then logs an error. Here such a
   connection is aborted after ``SHUTDOWN_FLUSH_S``.
+* **Acknowledgement pings** (``scope["extensions"]["streamtts.ping"]``): a function that
+  writes a ping behind the frames sent so far and returns a future done when its pong
+  comes back, i.e. once the client has read those frames (ws.py paces audio by it). Its
+  pong also answers a keepalive ping in flight: the client is alive.
 * **Refused handshakes** (an HTTP response instead of the upgrade: bad token,
   origin or Host): uvicorn logs ``ASGI callable returned without completing
   handshake`` at ERROR for each, though the refusal was complete.
@@ -24,12 +28,17 @@ only changes what uvicorn does around it:
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame
+from websockets.http11 import Request
 
 from .logs import REFUSALS
+from .pacing import PING_EXTENSION
 
 __all__ = ["ERROR_CLOSE_TIMEOUT_S", "SHUTDOWN_FLUSH_S", "WebSocketProtocol"]
 
@@ -43,6 +52,49 @@ _INVALID_UTF8 = 1007
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     _error_closing = False
+    _acks: dict[bytes, asyncio.Future[None]] | None = None
+    _ack_ids = itertools.count()
+
+    # -- acknowledgement pings ---------------------------------------------------------------
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:  # the ASGI task created above has not run yet
+            scope["extensions"][PING_EXTENSION] = self.ack_ping
+
+    def ack_ping(self) -> asyncio.Future[None] | None:
+        """A ping behind everything written so far; None when the connection is closing."""
+        if self.close_sent or self.transport.is_closing():
+            return None
+        if self._acks is None:
+            self._acks = {}
+        payload = b"ack:%d" % next(self._ack_ids)
+        done: asyncio.Future[None] = self.loop.create_future()
+        self._acks[payload] = done
+        self.conn.send_ping(payload)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return done
+
+    def handle_pong(self, event: Frame) -> None:
+        done = self._acks.pop(bytes(event.data), None) if self._acks else None
+        if done is None:
+            super().handle_pong(event)
+            return
+        if not done.done():
+            done.set_result(None)
+        if self.pong_timer is not None:
+            # A pong while the keepalive waits for its own: the client is alive and reading.
+            # The keepalive's deadline is met; its next ping is chained as after its pong.
+            self.pong_timer.cancel()
+            self.pong_timer = None
+            self.pending_ping_payload = None
+            self.schedule_ping()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for done in (self._acks or {}).values():
+            done.cancel()
+        self._acks = None
+        super().connection_lost(exc)
 
     # -- refused handshakes: the denial response completes the handshake ---------------------
     async def send(self, message: Any) -> None:

@@ -10,11 +10,14 @@ Tasks per connection:
   frame goes right after its ``audio`` header message.
 
 The outbox is bounded in audio seconds (``send_buffer_s``). When it is full
-the runner waits (and with it the generation: the engine's own backpressure
-pauses a stream whose audio is not taken). A client that, with its buffer
-full, takes less than ``min_read_rate`` seconds of audio per second over
-``send_stall_s`` is too slow to play in real time (or stopped reading): it is
-dropped (close 1008) and its generation aborted. A disconnect ends the receiver; the runner is cancelled
+the runner waits (and with it the generation: the engine's buffered-ahead pause
+holds a stream whose audio is not taken). The sender writes audio at most
+``send_lead_s`` ahead of what the listener has consumed (pacing.py: a real-time
+player's position, or further where the client's answers to our acknowledgement
+pings show it has read further), so the socket never holds tens of seconds of
+audio in front of a ping. A client that falls ``send_stall_s`` behind a real-time
+listener is too slow to play in real time (or stopped reading): it is dropped
+(close 1008) and its generation aborted. A disconnect ends the receiver; the runner is cancelled
 at once, which aborts the generation before the engine's next step. A task that dies of an
 exception (a bug) is logged and the client gets ``internal_error`` (1011), not a dropped socket.
 """
@@ -24,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from .app_state import ServerState
 from .drain import refuse_websocket
 from .hosts import deny_websocket
 from .logs import REFUSALS
+from .pacing import PING_EXTENSION, Listener
 from .protocol import ClientMessage, CloseCode, Error, ErrorCode, Start, encode
 from .session import (
     Abort,
@@ -58,6 +61,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Outbox", "websocket_endpoint"]
 
 _CLOSE_TIMEOUT_S = 1.0
+_SLOW_POLL_S = 0.5  # how often a full outbox asks whether its client fell behind real time
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,30 +76,15 @@ Item = str | bytes | ContextFrame | Close
 
 
 class Outbox:
-    """Frames waiting for the sender; audio bounded by ``limit_s`` seconds.
+    """Frames waiting for the sender; audio bounded by ``limit_s`` seconds."""
 
-    Slow-reader rule: while audio waits here (a *backlog*: the client, not the
-    generation, is the bottleneck) and the buffer is full, the client must take
-    at least ``min_rate`` seconds of audio per second, judged over ``stall_s``
-    windows. A client that reads in real time (rate 1) keeps its session
-    however far ahead generation runs; one that stopped reading (rate 0) or
-    trickles (TCP zero-window probes) is dropped. A backlog ends when the
-    outbox holds no audio any more.
-    """
-
-    def __init__(
-        self, limit_s: float, min_rate: float = 0.5, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, limit_s: float) -> None:
         self.limit_s = limit_s
-        self.min_rate = min_rate
-        self._clock = clock
         self._items: deque[tuple[Item, float, str | None]] = deque()  # (item, seconds, context)
         self.audio_s = 0.0  # audio seconds queued
         self.sent_s = 0.0  # audio seconds taken by the sender so far
         self.sent_by: dict[str | None, float] = {}  # ... per context (None: the implicit one)
         self._audio_items = 0
-        self._backlog_since: float | None = None
-        self._sent_at_backlog = 0.0
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -108,13 +97,15 @@ class Outbox:
         if isinstance(item, (bytes, ContextFrame)):
             self._audio_items += 1
             self.audio_s += seconds
-            if self._backlog_since is None:
-                self._backlog_since, self._sent_at_backlog = self._clock(), self.sent_s
             if self.audio_s >= self.limit_s:
                 self._room.clear()
         self._ready.set()
 
     async def get(self) -> Item:
+        return (await self.next())[0]
+
+    async def next(self) -> tuple[Item, float]:
+        """The next frame and its audio seconds (0 for a message)."""
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
@@ -128,24 +119,16 @@ class Outbox:
                 self._room.set()
             if self._audio_items == 0:
                 self.audio_s = 0.0  # no float drift across a long session
-                self._backlog_since = None  # caught up: the client keeps pace
-        return item
+        return item, seconds
 
-    async def wait_room(self, stall_s: float) -> bool:
-        """Wait until audio may be added; False when the client reads too slowly (see class doc)."""
+    async def wait_room(self, too_slow: Callable[[], bool], poll_s: float) -> bool:
+        """Wait until audio may be added; False when ``too_slow()`` says so meanwhile (it is
+        asked every ``poll_s`` while the outbox is full)."""
         while not self._room.is_set():
-            left = stall_s
-            if self._backlog_since is not None:
-                now = self._clock()
-                span = now - self._backlog_since
-                if span >= stall_s:
-                    if (self.sent_s - self._sent_at_backlog) / span < self.min_rate:
-                        return False
-                    self._backlog_since, self._sent_at_backlog = now, self.sent_s  # next window
-                    span = 0.0
-                left = stall_s - span
+            if too_slow():
+                return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._room.wait(), max(0.01, left))
+                await asyncio.wait_for(self._room.wait(), poll_s)
         return True
 
     def drop_audio(self, context_id: str | None = None) -> None:
@@ -161,8 +144,6 @@ class Outbox:
         audio = [it[1] for it in self._items if _is_audio(it[0])]
         self._audio_items = len(audio)
         self.audio_s = sum(audio)
-        if not audio:
-            self._backlog_since = None
         if self.audio_s < self.limit_s:
             self._room.set()
 
@@ -173,7 +154,6 @@ class Outbox:
     def _reset(self) -> None:
         self._audio_items = 0
         self.audio_s = 0.0
-        self._backlog_since = None
         self._room.set()
 
 
@@ -188,7 +168,14 @@ class WsConnection:
         self.ws = ws
         self.state = state
         self.settings = state.settings
-        self.outbox = Outbox(state.settings.send_buffer_s, state.settings.min_read_rate)
+        self.outbox = Outbox(state.settings.send_buffer_s)
+        # acknowledgement pings (uvicorn_ws.py); absent under another ASGI server
+        self._ack_ping: Callable[[], asyncio.Future[None] | None] | None = ws.scope.get(
+            "extensions", {}
+        ).get(PING_EXTENSION)
+        self.listener = Listener(state.settings.send_lead_s, acks=self._ack_ping is not None)
+        self._acked = asyncio.Event()  # an acknowledgement came back
+        self._ack_pending = False
         self.session = Session(
             state.settings.session,
             voices=self._voice,
@@ -341,19 +328,49 @@ class WsConnection:
     async def _send_loop(self) -> None:
         try:
             while True:
-                item = await self.outbox.get()
+                item, seconds = await self.outbox.next()
                 if isinstance(item, Close):
                     await self.ws.close(item.code, item.reason)
                     return
-                if isinstance(item, bytes):
-                    await self.ws.send_bytes(item)
-                elif isinstance(item, ContextFrame):
-                    await self.ws.send_text(item.header)
-                    await self.ws.send_bytes(item.data)
-                else:
+                if isinstance(item, str):
                     await self.ws.send_text(item)
+                    continue
+                await self._pace()
+                if isinstance(item, ContextFrame):
+                    await self.ws.send_text(item.header)
+                    item = item.data
+                await self.ws.send_bytes(item)
+                self.listener.sent(seconds)
+                self._ask_ack()
         except (WebSocketDisconnect, OSError, RuntimeError) as exc:
             log.debug("session %s: send ended: %s", self.session.id, exc)
+
+    async def _pace(self) -> None:
+        """Wait until the listener has consumed enough for more audio (pacing.py)."""
+        while (wait := self.listener.wait_s()) > 0:
+            self._acked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked.wait(), wait)
+
+    def _ask_ack(self) -> None:
+        """One acknowledgement ping in flight, behind the audio sent last."""
+        if self._ack_ping is None or self._ack_pending:
+            return
+        done = self._ack_ping()
+        if done is None:
+            return
+        self._ack_pending = True
+        upto = self.listener.sent_s
+        done.add_done_callback(lambda d: self._on_ack(d, upto))
+
+    def _on_ack(self, done: asyncio.Future[None], upto: float) -> None:
+        self._ack_pending = False
+        if done.cancelled():
+            return
+        self.listener.acked(upto)
+        self._acked.set()
+        if self.listener.sent_s > upto:
+            self._ask_ack()
 
     async def _close_now(self, close: Close) -> None:
         # The client may not be reading: a close frame can block behind unsent data.
@@ -448,9 +465,12 @@ class WsConnection:
         m = self.state.metrics
         for a in actions:
             if isinstance(a, SendAudio):
-                if not await self.outbox.wait_room(self.settings.send_stall_s):
+                if not await self.outbox.wait_room(self._too_slow, _SLOW_POLL_S):
                     m.slow_clients_total.inc()
-                    log.warning("session %s: client stopped reading; dropping it", self.session.id)
+                    log.warning(
+                        "session %s: client %.1f s behind real time; dropping it",
+                        self.session.id, self.listener.behind_s(),
+                    )  # fmt: skip
                     self.session.send_stalled(self.settings.send_stall_s)
                     await self._apply(self.session.actions())
                     return
@@ -488,6 +508,9 @@ class WsConnection:
                     self.outbox.put(a)
                 if a.code == CloseCode.NORMAL and self.session.state == "closed":
                     self._observe_rtf()
+
+    def _too_slow(self) -> bool:
+        return self.listener.behind_s() > self.settings.send_stall_s
 
     def _observe_ttfa(self) -> None:
         n = self.session.n

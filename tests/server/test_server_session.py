@@ -420,45 +420,97 @@ def test_connection_lost_aborts_once() -> None:
 # -- the WebSocket layer's send buffer (streamtts.server.ws.Outbox) ---------------------------------
 
 
-def test_outbox_drops_a_client_that_stops_reading() -> None:
+def test_outbox_full_asks_whether_the_client_is_too_slow() -> None:
     import asyncio
 
     from streamtts.server.ws import Outbox
 
-    async def main() -> bool:
-        box = Outbox(limit_s=1.0, min_rate=0.5)
+    async def main() -> tuple[bool, bool, int]:
+        box = Outbox(limit_s=1.0)
         box.put("ready")
         for _ in range(3):
             box.put(b"x" * 10, seconds=0.5)  # 1.5 s queued: full
         assert await box.get() == "ready"  # messages do not count as audio
-        return await box.wait_room(stall_s=0.2)
+        asked = 0
 
-    assert asyncio.run(main()) is False
+        def too_slow() -> bool:
+            nonlocal asked
+            asked += 1
+            return asked == 3
+
+        dropped = not await box.wait_room(too_slow, poll_s=0.01)
+        for _ in range(2):
+            await box.get()  # 0.5 s left: room
+        return dropped, await box.wait_room(lambda: True, poll_s=0.01), asked
+
+    assert asyncio.run(main()) == (True, True, 3)
 
 
-def test_outbox_keeps_a_client_that_reads_in_real_time() -> None:
-    import asyncio
+# -- pacing: how far audio runs ahead of the listener (streamtts.server.pacing) ----------------------
 
-    from streamtts.server.ws import Outbox
 
-    async def main() -> list[bool]:
-        box = Outbox(limit_s=0.2, min_rate=0.5)
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
 
-        async def reader() -> None:  # takes 0.05 s of audio every 0.05 s: real time
-            while True:
-                await box.get()
-                await asyncio.sleep(0.05)
+    def __call__(self) -> float:
+        return self.t
 
-        task = asyncio.create_task(reader())
-        ok = []
-        for _ in range(12):  # the producer is far ahead: the buffer is full all along
-            ok.append(await box.wait_room(stall_s=0.15))
-            box.put(b"x", seconds=0.05)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return ok
 
-    assert all(asyncio.run(main()))
+def test_listener_plays_in_real_time_from_the_first_audio() -> None:
+    from streamtts.server.pacing import Listener
+
+    clock = FakeClock()
+    li = Listener(lead_s=2.0, acks=True, clock=clock)
+    assert li.wait_s() == 0.0
+    li.sent(3.0)  # playback starts now
+    assert li.wait_s() == 1.0  # 3 s sent, 0 played: 1 s over the lead
+    clock.t += 0.5
+    assert li.wait_s() == 0.5
+    clock.t += 0.5
+    assert li.wait_s() == 0.0
+    li.sent(2.0)
+    clock.t += 10.0  # generation stalled: the player waits at the end of what it has
+    assert li.consumed_s == 5.0 and li.wait_s() == 0.0
+    li.sent(1.0)
+    assert li.consumed_s == 5.0  # it resumes from there, not 10 s further
+    clock.t += 0.25
+    assert li.consumed_s == 5.25
+
+
+def test_listener_reading_faster_than_real_time_is_sent_at_its_pace() -> None:
+    from streamtts.server.pacing import Listener
+
+    clock = FakeClock()
+    li = Listener(lead_s=2.0, acks=True, clock=clock)
+    li.sent(30.0)
+    assert li.wait_s() == 28.0
+    li.acked(30.0)  # a file writer read it all at once
+    assert li.wait_s() == 0.0 and li.behind_s() == 0.0
+    li.sent(5.0)
+    assert li.wait_s() == 3.0
+
+
+def test_listener_too_slow_means_behind_real_time() -> None:
+    from streamtts.server.pacing import Listener
+
+    clock = FakeClock()
+    li = Listener(lead_s=4.0, acks=True, clock=clock)
+    for _ in range(60):  # a client reading 1 s per s, 2 s of audio in hand: never behind
+        li.sent(1.0)
+        li.acked(li.sent_s)
+        clock.t += 1.0
+        assert li.behind_s() == 0.0
+    slow = Listener(lead_s=4.0, acks=True, clock=clock)
+    for _ in range(40):  # one reading 0.75 s per s falls behind a quarter second a second
+        slow.sent(1.0)
+        slow.acked(slow.sent_s * 0.75)
+        clock.t += 1.0
+    assert 9.0 < slow.behind_s() <= 10.0
+    blind = Listener(lead_s=4.0, acks=False, clock=clock)  # no acknowledgements: unknown
+    blind.sent(10.0)
+    clock.t += 9.0
+    assert blind.behind_s() == 0.0 and blind.wait_s() == 0.0
 
 
 def test_outbox_abort_drops_audio_but_keeps_messages() -> None:
