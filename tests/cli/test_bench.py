@@ -44,6 +44,9 @@ def test_bench_with_kernel_bound(demo_model_dir: Path, tmp_path: Path) -> None:
     for lv in levels.values():
         assert lv["realtime_streams"] <= lv["concurrency"]
         assert lv["prefill_rows_computed"] > 0
+        assert 0 <= lv["c50"] <= lv["c100"] <= lv["c200"] <= 1  # a longer buffer never hurts
+        assert 0 <= lv["underrun_ms_p95"] <= lv["underrun_ms_max"]
+        assert lv["ttfa_ms_p50"] <= lv["ttfa_ms_p95"]
         assert 0 < lv["engine_vs_kernel_throughput"]
     kb = res["kernel_bound"]
     assert kb["prefill_ms"] > 0 and kb["prefill_rows"] == levels[3]["prefill_rows_computed"]
