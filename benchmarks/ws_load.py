@@ -1,0 +1,208 @@
+"""Load over real WebSockets with Poisson arrivals: continuity, TTFA and refusals.
+
+    python benchmarks/ws_load.py --rate 0.5 --duration 120                  # demo model
+    python benchmarks/ws_load.py --config /tmp/mid/config.yaml --load 0.5 1 2 --out load.json
+
+1. Start ``streamtts serve`` on loopback (or use ``--server``), with ``--max-streams`` and
+   any ``--server-arg``s.
+2. Sessions arrive as a Poisson process (exponential gaps, seeded) for ``--duration``
+   seconds. Each speaks ``--min-sentences`` to ``--max-sentences`` sentences (drawn
+   uniformly; on the tiny demo model a sentence is about 3.5 s of audio): ``start``, the
+   text, ``end``, then it reads everything as it comes, noting when each audio frame
+   arrived.
+3. Per session: TTFA (text sent to first audio), what a real-time listener starting at its
+   first audio plus 50 / 100 / 200 ms would hear (streamtts/audio/continuity.py), or the
+   refusal (``overloaded``, close 1013) and how long after connecting it came.
+4. Report per level: offered and carried load, sessions done / refused / failed, C50 /
+   C100 / C200 and the p95 of the longest underrun (of the sessions done), TTFA p50 / p95,
+   refusal time p50 / max, and the server's resident memory before and after.
+
+``--rate`` is arrivals per second. ``--load X`` instead sets the rate to X times the
+server's measured capacity: ``capacity_streams`` in ``/healthz`` (admission by measured
+capacity) divided by the mean session length measured in a first calibration run of
+``--calibrate`` sessions one after another (Little's law: streams in flight = arrival rate
+x time in system). Each level runs in turn on the same server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import websockets
+from _common import start_server
+from websockets.exceptions import ConnectionClosed
+
+from streamtts.audio.continuity import continuity_row
+
+BYTES_PER_S = 2 * 24000  # pcm_s16le_24000
+
+
+def sentences(n: int, seed: int) -> str:
+    return " ".join(f"Session {seed} says sentence number {i}, spoken as its own segment." for i in range(n))
+
+
+async def session(url: str, text: str, seed: int) -> dict[str, Any]:
+    t_connect = time.monotonic()
+    out: dict[str, Any] = {"arrivals": [], "outcome": "failed"}
+    try:
+        async with websockets.connect(url, max_size=None, compression=None, open_timeout=30) as ws:
+            await ws.send(json.dumps({"type": "start", "seed": seed}))
+            t_text = time.monotonic()
+            await ws.send(json.dumps({"type": "text", "text": text}))
+            await ws.send(json.dumps({"type": "end"}))
+            async for msg in ws:
+                now = time.monotonic()
+                if isinstance(msg, bytes):
+                    out["arrivals"].append((now, len(msg) / BYTES_PER_S))
+                    out.setdefault("ttfa_s", now - t_text)
+                    continue
+                ev = json.loads(msg)
+                if ev["type"] == "done":
+                    out["outcome"] = "done"
+                elif ev["type"] == "error" and ev.get("fatal"):
+                    out["outcome"] = "refused" if ev["code"] == "overloaded" else ev["code"]
+                    out["answer_s"] = now - t_connect
+    except (ConnectionClosed, OSError, TimeoutError) as exc:
+        out["error"] = repr(exc)
+    out["audio_s"] = sum(s for _, s in out["arrivals"])
+    return out
+
+
+def rss_mb(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def health(http: str) -> dict[str, Any]:
+    with urllib.request.urlopen(http + "/healthz", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    tasks = []
+    t0 = time.monotonic()
+    t = 0.0
+    i = 0
+    while True:
+        t += rng.expovariate(rate)
+        if t > a.duration:
+            break
+        await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
+        n = rng.randint(a.min_sentences, a.max_sentences)
+        tasks.append(asyncio.create_task(session(url, sentences(n, seed * 10_000 + i), seed * 10_000 + i)))
+        i += 1
+    res = await asyncio.gather(*tasks)
+    wall = time.monotonic() - t0
+    done = [r for r in res if r["outcome"] == "done"]
+    refused = [r for r in res if r["outcome"] == "refused"]
+    ttfa = [1000 * r["ttfa_s"] for r in done]
+    answers = [1000 * r["answer_s"] for r in refused]
+
+    def pct(v: list[float], q: float) -> float | None:
+        return round(float(np.percentile(v, q)), 1) if v else None
+
+    row: dict[str, Any] = {
+        "rate_per_s": round(rate, 4),
+        "sessions": len(res),
+        "done": len(done),
+        "refused": len(refused),
+        "failed": len(res) - len(done) - len(refused),
+        "failures": sorted({r.get("error") or r["outcome"] for r in res if r["outcome"] not in ("done", "refused")}),
+        "audio_s_mean": round(statistics.mean(r["audio_s"] for r in done), 2) if done else None,
+        "carried_streams": round(sum(r["arrivals"][-1][0] - r["arrivals"][0][0] for r in done if r["arrivals"]) / wall, 2),
+        "ttfa_ms_p50": pct(ttfa, 50),
+        "ttfa_ms_p95": pct(ttfa, 95),
+        "refusal_ms_p50": pct(answers, 50),
+        "refusal_ms_max": round(max(answers), 1) if answers else None,
+        **continuity_row([r["arrivals"] for r in done]),
+    }
+    return row
+
+
+async def calibrate(url: str, a: argparse.Namespace) -> float:
+    """Mean seconds a session is in the system, alone (sessions one after another)."""
+    spans = []
+    for i in range(a.calibrate):
+        n = (a.min_sentences + a.max_sentences) // 2 if a.calibrate == 1 else a.min_sentences + i * (a.max_sentences - a.min_sentences) // (a.calibrate - 1)
+        t0 = time.monotonic()
+        r = await session(url, sentences(n, 900 + i), 900 + i)
+        if r["outcome"] != "done":
+            raise RuntimeError(f"calibration session ended with {r['outcome']}: {r.get('error')}")
+        spans.append(time.monotonic() - t0)
+    return statistics.mean(spans)
+
+
+async def main(a: argparse.Namespace) -> dict[str, Any]:
+    proc = log = None
+    if a.server:
+        http = a.server.rstrip("/")
+    else:
+        args = ["--max-streams", str(a.max_streams), *a.server_arg]
+        if a.config:
+            args += ["--config", a.config]
+        proc, port, log = start_server(args)
+        http = f"http://127.0.0.1:{port}"
+    url = http.replace("http", "ws", 1) + "/v1/stream"
+    pid = proc.pid if proc is not None else None
+    out: dict[str, Any] = {"config": a.config, "max_streams": a.max_streams, "server_args": a.server_arg,
+                           "duration_s": a.duration, "sentences": [a.min_sentences, a.max_sentences], "levels": []}  # fmt: skip
+    try:
+        await session(url, sentences(1, 1), 1)  # warm-up
+        rates = [(r, None) for r in a.rate]
+        if a.load:
+            span = await calibrate(url, a)
+            cap = health(http).get("capacity_streams")
+            if cap is None:
+                raise SystemExit("streamtts: the server reports no capacity_streams in /healthz: use --rate")
+            out["calibration"] = {"session_s": round(span, 2), "capacity_streams": cap}
+            rates = [(x * cap / span, x) for x in a.load]
+        for k, (rate, load) in enumerate(rates):
+            before = rss_mb(pid)
+            row = await level(url, rate, a, seed=k + 1)
+            row["load"] = load
+            row["rss_mb_before"], row["rss_mb_after"] = before, rss_mb(pid)
+            h = health(http)
+            row["capacity_streams_after"] = h.get("capacity_streams")
+            out["levels"].append(row)
+            print(json.dumps(row), flush=True)
+            await asyncio.sleep(a.pause)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+            out["server_log_tail"] = log.read_text(errors="replace").splitlines()[-20:] if log else []
+    return out
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="model config (default: the demo model)")
+    p.add_argument("--server", help="an already running server's base URL (http://HOST:PORT) instead of starting one")
+    p.add_argument("--server-arg", action="append", default=[], help="an extra `streamtts serve` argument (repeat)")
+    p.add_argument("--max-streams", type=int, default=16)
+    p.add_argument("--rate", type=float, nargs="*", default=[0.5], help="arrivals per second, one level each")
+    p.add_argument("--load", type=float, nargs="*", help="levels as multiples of the measured capacity (instead of --rate)")
+    p.add_argument("--calibrate", type=int, default=3, help="sessions timed alone to learn a session's length (--load)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per level")
+    p.add_argument("--pause", type=float, default=5.0, help="seconds between levels")
+    p.add_argument("--min-sentences", type=int, default=1)
+    p.add_argument("--max-sentences", type=int, default=12)
+    p.add_argument("--out", help="write the results as JSON")
+    args = p.parse_args()
+    result = asyncio.run(main(args))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
