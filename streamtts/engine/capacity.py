@@ -1,0 +1,151 @@
+"""Admission by measured capacity: how many streams the engine steps in real time.
+
+A tick steps every running stream one frame (80 ms of audio), so the streams stay ahead
+of real-time listeners while a tick takes less than a frame. The engine times its own
+ticks (``observe``: the streams a tick stepped and its wall time, codec turns included)
+and keeps a running average per count of streams; counts not seen yet are read off a
+straight line through the counts seen (one count seen: in proportion to it, the
+pessimistic guess, which the next admitted stream then measures). Nothing is set per
+machine or model.
+
+``streams()``, the capacity, is the most streams whose estimated tick plus ``margin`` of
+it still fits in a frame (at least one: a machine too slow for one stream in real time
+serves one). A new stream is admitted only below it and below ``max_streams``, the hard
+cap. One that cannot be admitted may wait only while its first audio can still come
+within ``deadline_s``; the wait is estimated from the measured rate at which streams
+finish (``wait_s``), and a request whose wait is beyond it is refused at once, with that
+estimate as its Retry-After.
+
+Pure bookkeeping with an injectable clock: the engine thread calls it (no locks: the
+server reads its numbers for metrics, a stale float at worst).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from ..constants import FRAME_S
+
+__all__ = ["Capacity"]
+
+_ALPHA = 0.1  # weight of a new tick in its count's running average
+_TRUSTED = 20  # ticks after which a count's own average is used rather than the line
+_FINISHES = 32  # stream ends the finish rate is measured over
+_FINISH_WINDOW_S = 120.0  # ... within this many seconds
+
+
+class Capacity:
+    def __init__(
+        self,
+        max_streams: int,
+        margin: float,
+        deadline_s: float,
+        frame_s: float = FRAME_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_streams = max_streams
+        self.margin = margin
+        self.deadline_s = deadline_s
+        self.frame_s = frame_s
+        self._clock = clock
+        self.tick_s = np.zeros(max_streams + 1)  # running average per count of streams stepped
+        self.seen = np.zeros(max_streams + 1, dtype=np.int64)  # ticks observed per count
+        self._finishes: deque[float] = deque(maxlen=_FINISHES)
+        self._capacity: int | None = None  # cached; None: recompute
+        # decisions so far (read by the server's metrics)
+        self.admitted = 0
+        self.queued = 0
+        self.refused = 0
+
+    # -- what the engine measures ----------------------------------------------------------
+    def observe(self, streams: int, tick_s: float) -> None:
+        """A tick stepped ``streams`` streams (no prompt fed) in ``tick_s`` seconds."""
+        if not 1 <= streams <= self.max_streams:
+            return
+        if self.seen[streams]:
+            self.tick_s[streams] += _ALPHA * (tick_s - self.tick_s[streams])
+        else:
+            self.tick_s[streams] = tick_s
+        self.seen[streams] += 1
+        self._capacity = None
+
+    def finished(self) -> None:
+        """A stream ended (done, failed or aborted): its slot is free."""
+        self._finishes.append(self._clock())
+
+    # -- estimates --------------------------------------------------------------------------
+    def estimate(self, streams: int) -> float | None:
+        """Seconds a tick of ``streams`` streams takes; None before any tick was timed."""
+        seen = np.flatnonzero(self.seen)
+        if seen.size == 0:
+            return None
+        if self.seen[streams] >= _TRUSTED:
+            return float(self.tick_s[streams])
+        if seen.size == 1:
+            n0 = int(seen[0])
+            return float(self.tick_s[n0]) * max(streams, n0) / n0
+        w = np.minimum(self.seen[seen], _TRUSTED).astype(np.float64)
+        x, y = seen.astype(np.float64), self.tick_s[seen]
+        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+        slope = max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2)))
+        return max(0.0, float(ym + slope * (streams - xm)))
+
+    def streams(self) -> int:
+        """The capacity: the most streams that stay ahead of real time by the margin."""
+        if self._capacity is None:
+            budget = self.frame_s / (1.0 + self.margin)
+            cap = self.max_streams
+            if self.estimate(1) is not None:
+                cap = 1
+                for n in range(2, self.max_streams + 1):
+                    est = self.estimate(n)
+                    if est is None or est > budget:
+                        break
+                    cap = n
+            self._capacity = cap
+        return self._capacity
+
+    def admits(self, active: int) -> bool:
+        """Whether one more stream may start beside ``active`` ones."""
+        return active < self.streams()
+
+    def finish_rate(self) -> float | None:
+        """Streams ending per second lately; None before two ended within the window."""
+        now = self._clock()
+        recent = [t for t in self._finishes if now - t <= _FINISH_WINDOW_S]
+        if len(recent) < 2 or recent[-1] <= recent[0]:
+            return None
+        return (len(recent) - 1) / (now - recent[0])
+
+    def wait_s(self, ahead: int) -> float | None:
+        """Seconds until a slot frees for a request with ``ahead`` requests in front of it;
+        None while the finish rate is unknown."""
+        rate = self.finish_rate()
+        return None if rate is None else (ahead + 1) / rate
+
+    def refuses(self, ahead: int) -> bool:
+        """Whether a request that cannot start now is refused at once: its estimated wait
+        is beyond the first-audio deadline (unknown: it waits, and expires at the deadline)."""
+        wait = self.wait_s(ahead)
+        return wait is not None and wait > self.deadline_s
+
+    def retry_after_s(self, ahead: int) -> int:
+        """Whole seconds a refused client should wait before trying again (1 to 60)."""
+        wait = self.wait_s(ahead)
+        return 1 if wait is None else min(60, max(1, math.ceil(wait)))
+
+    def info(self) -> dict[str, float]:
+        est = self.estimate(self.streams())
+        return {
+            "capacity_streams": self.streams(),
+            "tick_ms_at_capacity": -1.0 if est is None else round(1000 * est, 3),
+            "finish_rate_per_s": self.finish_rate() or 0.0,
+            "admitted": self.admitted,
+            "queued": self.queued,
+            "refused": self.refused,
+        }

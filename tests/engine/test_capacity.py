@@ -1,0 +1,71 @@
+"""Admission by measured capacity (streamtts.engine.capacity): made-up ticks, a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamtts.engine.capacity import Capacity
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_nothing_measured_admits_up_to_the_hard_cap() -> None:
+    c = Capacity(max_streams=8, margin=0.25, deadline_s=2.0)
+    assert c.estimate(3) is None and c.streams() == 8
+    assert c.admits(7) and not c.admits(8)
+
+
+def test_one_count_seen_is_extended_in_proportion() -> None:
+    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    c.observe(1, 0.020)  # 20 ms a tick alone: 64 ms (80 / 1.25) fits 3
+    assert c.estimate(3) == pytest.approx(0.060)
+    assert c.streams() == 3
+
+
+def test_a_line_through_the_counts_seen() -> None:
+    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    for _ in range(30):
+        c.observe(1, 0.020)
+        c.observe(2, 0.028)  # batching: 8 ms more per stream
+    assert c.estimate(2) == pytest.approx(0.028)  # seen often enough: its own average
+    assert c.estimate(6) == pytest.approx(0.060)
+    assert c.streams() == 6  # 6: 60 ms; 7: 68 ms > 64 ms
+
+
+def test_a_running_average_follows_a_slower_machine() -> None:
+    c = Capacity(max_streams=16, margin=0.0, deadline_s=2.0)
+    for _ in range(30):
+        c.observe(4, 0.040)
+    fast = c.streams()
+    for _ in range(60):
+        c.observe(4, 0.079)  # a neighbour took a core
+    assert c.streams() < fast
+    assert c.streams() >= 1
+
+
+def test_too_slow_for_one_still_serves_one() -> None:
+    c = Capacity(max_streams=4, margin=0.25, deadline_s=2.0)
+    c.observe(1, 0.5)
+    assert c.streams() == 1 and c.admits(0) and not c.admits(1)
+
+
+def test_wait_and_refusal_from_the_measured_finish_rate() -> None:
+    clock = Clock()
+    c = Capacity(max_streams=4, margin=0.25, deadline_s=2.0, clock=clock)
+    assert c.wait_s(0) is None and not c.refuses(10)  # unknown: it waits
+    assert c.retry_after_s(3) == 1
+    for _ in range(5):  # a stream ends every second
+        c.finished()
+        clock.t += 1.0
+    assert c.finish_rate() == pytest.approx(4 / 5)  # 4 gaps since the first, up to now
+    assert c.wait_s(0) == pytest.approx(1.25)
+    assert not c.refuses(0) and c.refuses(1)  # 2.5 s > the 2 s deadline
+    assert c.retry_after_s(1) == 3
+    clock.t += 500.0  # long ago: unknown again
+    assert c.finish_rate() is None
