@@ -16,6 +16,7 @@ handling another keep the original as ``__cause__`` (``raise ... from exc``).
     ├── OverloadedError                  every slot busy and the queue full
     │   └── QueueTimeoutError            waited in the queue past its timeout
     ├── InputError (ValueError)          a request's input is unusable
+    │   ├── FieldError                   a request field broke a rule (.field: as the request spells it)
     │   ├── PromptTooLongError           text + reference do not fit the context
     │   ├── ReferenceAudioError          a reference clip could not be read or used
     │   └── UsageError                   a command-line argument is unusable (missing file or folder,
@@ -131,6 +132,15 @@ class QueueTimeoutError(OverloadedError):
 
 class InputError(StreamTTSError, ValueError):
     """A request's input is unusable (empty text, bad option, ...)."""
+
+
+class FieldError(InputError):
+    """A request field broke one of its rules (streamtts/request/rules.py); ``field`` names it
+    as the request spells it (``tokens``, ``sampling.text_top_p``, ``speakers``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class PromptTooLongError(InputError):

@@ -149,8 +149,8 @@ def speaker_arg(text: str) -> tuple[str, str]:
     key, sep, path = text.partition("=")
     if not sep or not key.strip() or not path:
         raise argparse.ArgumentTypeError(f"expected TAG=FILE (e.g. S1=alice.wav), got {text!r}")
-    from ..engine.dialogue import speaker_number
     from ..errors import InputError
+    from ..request.voices import speaker_number
 
     try:
         n = speaker_number(key)

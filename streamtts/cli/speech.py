@@ -94,21 +94,17 @@ def _engine(args: argparse.Namespace) -> Any:
 
 
 def _options(args: argparse.Namespace, engine: Any) -> Any:
-    from ..request import StreamOptions
+    """The request's options from the flags: each prompt field's flag has its name
+    (request/fields.py), the sampling flags change the config's sampling."""
+    from ..request import PROMPT_FIELDS, StreamOptions
 
     base = engine.config.sampling
     changes = {name: getattr(args, name) for _, _, name, _ in SAMPLING_FLAGS if getattr(args, name) is not None}
     if args.greedy:
         changes.update(text_temperature=0.0, audio_temperature=0.0)
-    sampling: SamplingParams = msgspec.structs.replace(base, **changes).validate()
+    sampling: SamplingParams = msgspec.structs.replace(base, **changes)
     return StreamOptions(
-        language=args.language,
-        instruction=args.instruction,
-        quality=args.quality,
-        ambient_sound=args.ambient_sound,
-        sound_event=args.sound_event,
-        scene=args.scene,
-        tokens=args.tokens,
+        **{f: getattr(args, f) for f in PROMPT_FIELDS},
         seed=args.seed,
         sampling=sampling,
         max_new_tokens=args.max_new_tokens,

@@ -139,8 +139,7 @@ class DelayStates:
         """
         if not 0 <= slot < self.capacity:
             raise IndexError(f"slot {slot} out of range [0, {self.capacity})")
-        p = _check_prompt(prompt, self.ids)
-        sampling.validate()
+        p = _check_prompt(prompt, self.ids)  # ``sampling`` was checked once, at the front door
         al, isa = _initial_audio(p[:, 0], self.ids)
         self.audio_length[slot] = al
         self.is_audio[slot] = isa

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from ..config import SAMPLING_KEYS
 from ..errors import InputError, ModelFileError
+from ..request.rules import check_language
 from .tokens import read_model_config
 
 ModelKind = Literal["moss-tts", "moss-tts-v1.5", "moss-ttsd", "moss-voice-generator", "moss-sound-effect"]
@@ -121,9 +122,8 @@ def language_for(form: LanguageForm, value: str | None) -> str | None:
     """``value`` (an ISO code or a name, any case) in the form a member's prompt uses."""
     if value is None:
         return None
+    check_language(value)
     v = value.strip()
-    if not v:
-        raise InputError("language is empty: give an ISO code ('en') or a name ('English'), or leave it out")
     if form == "as-given":
         return v
     low = v.lower()

@@ -32,6 +32,9 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError, InputError, ModelFileError
+from ..request.fields import PROMPT_FIELDS
+from ..request.rules import check_written
+from ..request.rules import unwritten_fields as _unwritten
 from .delay import delay_layout
 from .speakers import check_speaker_count, check_tags_have_voices
 from .tokens import TokenIds
@@ -79,9 +82,7 @@ class PromptSpec:
 # each naming the PromptSpec field it writes, or None for a line always written "None". A
 # member names its template (core/family.py); the engine config's ``prompt_template`` picks
 # another. A field a request sets that its template does not write is an error, never dropped.
-FIELDS: tuple[str, ...] = (
-    "instruction", "tokens", "quality", "sound_event", "ambient_sound", "language", "scene",
-)  # fmt: skip
+FIELDS: tuple[str, ...] = PROMPT_FIELDS  # request/fields.py's PromptFields: the one list
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,15 +298,7 @@ def _markers(tokenizer: TextTokenizer, ids: TokenIds) -> _Markers:
 
 def _check_fields(spec: PromptSpec, text: str | None, markers: _Markers) -> None:
     """No field may hold a marker string: it would be tokenised as a control token."""
-    fields = {
-        "text": text,
-        "instruction": spec.instruction,
-        "quality": spec.quality,
-        "sound_event": spec.sound_event,
-        "ambient_sound": spec.ambient_sound,
-        "language": spec.language,
-        "scene": spec.scene,
-    }
+    fields = {"text": text, **{f: getattr(spec, f) for f in FIELDS}}
     for name, value in fields.items():
         if value is None:
             continue
@@ -324,21 +317,15 @@ def field_lines(spec: PromptSpec, tmpl: PromptTemplate) -> str:
 
 
 def unwritten_fields(tmpl: PromptTemplate, values: object) -> list[str]:
-    """The fields set in ``values`` (attributes named in FIELDS: a PromptSpec, StreamOptions)
-    that the template does not write."""
-    written = tmpl.fields()
-    return [f for f in FIELDS if getattr(values, f, None) is not None and f not in written]
+    """The fields set in ``values`` (a PromptSpec, a field struct) that the template does
+    not write."""
+    return _unwritten(tmpl.fields(), values)
 
 
 def check_template_fields(tmpl: PromptTemplate, values: object) -> None:
-    """A field set that the template does not write would be dropped silently: an InputError
-    naming it (:func:`unwritten_fields`)."""
-    unused = unwritten_fields(tmpl, values)
-    if unused:
-        raise InputError(
-            f"{', '.join(unused)}: not a field of the prompt template {tmpl.name!r} "
-            f"(its fields: {', '.join(sorted(tmpl.fields()))}; EngineConfig.prompt_template picks another)"
-        )
+    """A field set that the template does not write would be dropped silently: a FieldError
+    naming it (request/rules.py)."""
+    check_written(tmpl.name, tmpl.fields(), values)
 
 
 def _build(

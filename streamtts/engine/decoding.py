@@ -32,9 +32,8 @@ from ..codec import AudioDecoder
 from ..codec.slot_decoder import SlotDecoder
 from ..constants import FRAME_SAMPLES
 from ..errors import CodecError
-from ..request import AudioChunk
+from ..request import AudioChunk, ChunkSink, Outbox
 from .priority import lower_priority
-from .sink import Outbox, StreamSink
 from .turns import CoreTurns
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ def fade_out_end(samples: np.ndarray) -> None:
 @dataclass(slots=True)
 class DecodeJob:
     rid: int
-    sink: StreamSink
+    sink: ChunkSink
     codes: np.ndarray  # (n, n_vq) int64 new frames (may be empty for a pure end/error event)
     first_frame: int
     step: int

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -31,16 +30,21 @@ from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.tables import Embedder
 from ..request import (
+    PROMPT_FIELDS,
+    ChunkSink,
     PreparedRequest,
     ReferenceLike,
     SpeakersLike,
     StreamOptions,
     StreamStats,
     Voice,
+    VoiceRequest,
+    check,
 )
+from ..request.rules import check_sampling
+from ..request.voices import SegmentSpeakers
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
-from .dialogue import SegmentSpeakers, speaker_tuple
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
@@ -124,11 +128,10 @@ class Preparer:
             raise InputError(f"{what}: the voice's codes must be in [0, {self.ids.audio_vocab_size - 1}]")
         return v if c.shape[1] == n else Voice(codes=np.ascontiguousarray(c[:, :n]), name=v.name)
 
-    def _speakers(self, speakers: SpeakersLike, text: str | None) -> dict[str, Voice]:
-        """The dialogue's voices (``S1`` -> Voice), checked against the text's tags: every
-        tag has a voice (the prompt builder checks it, for every prompt); every voice a tag,
-        unless this is one segment of a longer dialogue."""
-        ordered = speaker_tuple(speakers)
+    def _speakers(self, ordered: tuple[ReferenceLike, ...], speakers: SpeakersLike, text: str | None) -> dict[str, Voice]:
+        """The dialogue's voices (``S1`` -> Voice; ``ordered``: by position), checked against
+        the text's tags: every tag has a voice (the prompt builder checks it, for every
+        prompt); every voice a tag, unless this is one segment of a longer dialogue."""
         if not isinstance(speakers, SegmentSpeakers):
             check_speakers(text, ordered)
         out: dict[str, Voice] = {}
@@ -164,7 +167,7 @@ class Preparer:
         text: str,
         reference: ReferenceLike,
         options: StreamOptions,
-        sink: Any,
+        sink: ChunkSink,
         stats: StreamStats,
         *,
         speakers: SpeakersLike | None = None,
@@ -182,11 +185,9 @@ class Preparer:
         t0 = time.monotonic()
         if not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}")
+        sampling = check(options, fixed_frames=options.fixed_frames) or check_sampling(self.cfg.sampling)
+        ordered = VoiceRequest(reference=reference, speakers=speakers, prefix=prefix, prefix_text=prefix_text).check()
         if prefix_text is not None:
-            if not isinstance(prefix_text, str):
-                raise InputError(f"prefix_text must be a string, got {type(prefix_text).__name__}")
-            if prefix is None:
-                raise InputError("prefix_text is the transcript of a prefix: give the prefix audio too")
             text = join_prefix_text(prefix_text, text)
         if len(text) > MAX_TEXT_CHARS:
             raise InputError(
@@ -205,35 +206,19 @@ class Preparer:
                 )
             if not speakable(clean):  # the server's segmenter drops such text too: one rule everywhere
                 raise InputError(f"text {text.strip()[:40]!r} has nothing to say (no letters or digits)")
-        sampling = (options.sampling or self.cfg.sampling).validate()
-        if options.tokens is not None and options.tokens < 1:
-            raise InputError(f"tokens (duration in frames) must be >= 1, got {options.tokens}")
-        if options.max_new_tokens is not None and options.max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
-        if options.fixed_frames is not None and options.fixed_frames < 1:
-            raise InputError(f"fixed_frames must be >= 1, got {options.fixed_frames}")
-        if reference is not None and speakers:
-            raise InputError(
-                "give either reference (one voice) or speakers (a voice per [S1], [S2], ... tag), not both"
-            )
         language = language_for(self.member.language_form, options.language)
         voice = self.voice_for(reference, "reference")
-        cast = self._speakers(speakers, clean) if speakers else {}
+        cast = self._speakers(ordered, speakers, clean) if speakers else {}
         refs = self._references(cast)
         start = self.voice_for(prefix, "prefix")
         ref = None if voice is None else voice.codes
+        fields = {f: getattr(options, f) for f in PROMPT_FIELDS} | {"language": language}
         spec = PromptSpec(
             text=None if sound_only else clean,
             reference_codes=ref,
-            instruction=options.instruction,
-            tokens=options.tokens,
-            quality=options.quality,
-            sound_event=options.sound_event,
-            ambient_sound=options.ambient_sound,
-            language=language,
-            scene=options.scene,
             references=refs,
             prefix_codes=None if start is None else start.codes,
+            **fields,
         )
         built = self.prompts.build(spec, prefix=self.cfg.prefix_cache_mib > 0)
         voices = [c for c in (ref, *refs, None if start is None else start.codes) if c is not None]

@@ -68,7 +68,7 @@ from ..request import (
     Voice,
     WordTime,
 )
-from .dialogue import SegmentSpeakers
+from ..request.voices import SegmentSpeakers
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,8 @@ consumer awaits ``get``. Backpressure is computed from two counters, each
 written by one side only, so no lock is needed: samples produced (decode
 thread) minus samples consumed (consumer).
 
-An :class:`Outbox` gathers what one codec call produced for many streams and hands it
-to each event loop in one ``call_soon_threadsafe``: each such call writes to the loop's
-self-pipe and wakes it, and with 128 streams a call's chunks were 16 wake-ups where one
-does (each stream's items keep their order).
+An :class:`~streamtts.request.handoff.Outbox` (request/handoff.py) gathers what one codec
+call produced for many streams and hands it to each event loop at once.
 """
 
 from __future__ import annotations
@@ -18,32 +16,13 @@ import time
 
 from ..constants import SAMPLE_RATE
 from ..request import AudioChunk, StreamStats
+from ..request.handoff import Outbox, _Item
 
-_Item = AudioChunk | BaseException | None  # None = end of stream
-
-
-class Outbox:
-    """Items for the queues of several sinks, handed over by :meth:`flush`, in order."""
-
-    def __init__(self) -> None:
-        self._items: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[_Item], _Item]]] = {}
-
-    def add(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[_Item], item: _Item) -> None:
-        self._items.setdefault(loop, []).append((queue, item))
-
-    def flush(self) -> None:
-        """One ``call_soon_threadsafe`` per event loop for everything added since the last."""
-        items, self._items = self._items, {}
-        for loop, batch in items.items():
-            loop.call_soon_threadsafe(_put_all, batch)
-
-
-def _put_all(batch: list[tuple[asyncio.Queue[_Item], _Item]]) -> None:
-    for queue, item in batch:
-        queue.put_nowait(item)
-
+__all__ = ["Outbox", "StreamSink"]
 
 class StreamSink:
+    """One stream's output queue (the request's :class:`~streamtts.request.ChunkSink`)."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop, stats: StreamStats) -> None:
         self._loop = loop
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()

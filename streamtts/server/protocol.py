@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ..config import SamplingParams
 from ..errors import (
     CodecError,
     ConfigError,
@@ -23,6 +22,7 @@ from ..errors import (
     PromptTooLongError,
     QueueTimeoutError,
 )
+from ..request.fields import GenerationFields
 
 __all__ = [
     "DECODER",
@@ -60,29 +60,21 @@ ContextId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CONTEXT_ID_
 # -- client -> server ---------------------------------------------------------------------------
 
 
-class Start(msgspec.Struct, tag="start", kw_only=True, forbid_unknown_fields=True):
-    """Optional first message: the session's settings (all optional)."""
+class Start(GenerationFields, tag="start", frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Optional first message: the session's settings (all optional): the request's fields
+    (request/fields.py: language, instruction, quality, tokens, ambient_sound -- with it, a
+    session without text makes one sound --, sound_event, scene, seed, sampling,
+    max_new_tokens per segment, timestamps) and these."""
 
     voice: str | None = None  # a voice id from POST /v1/voices
     # a dialogue's voices instead: {"S1": voice id, name or base64 clip, ...} for [S1], ...
     speakers: dict[str, str] | None = None
     prefix: str | None = None  # audio to continue (as a voice): the first segment continues it
     prefix_text: str | None = None  # its transcript, spoken before the first segment's text
-    language: str | None = None  # an ISO code or a name; the model's own form is sent
-    instruction: str | None = None
-    quality: str | None = None
-    tokens: int | None = None  # the prompt's duration field (audio frames), per segment
-    ambient_sound: str | None = None  # with it, a session without text makes one sound
-    sound_event: str | None = None
-    scene: str | None = None  # a prompt template's Scene field (prompt_template: moss-ttsd-scene)
-    seed: int | None = None
-    sampling: SamplingParams | None = None
     format: str | None = None  # see streamtts.audio.formats.FORMATS (default pcm_s16le_24000)
     min_chars: int | None = None  # segmenter: minimum length of a sentence segment
     clause_min_chars: int | None = None  # ... of a segment cut at a clause (comma) boundary
-    max_new_tokens: int | None = None  # per segment
     normalize: bool | None = None
-    timestamps: str | None = None  # "words" | "chars": `alignment` messages; "none" (default)
 
 
 class Text(msgspec.Struct, tag="text", kw_only=True, forbid_unknown_fields=True):
@@ -351,17 +343,6 @@ def encode(msg: ServerMessage) -> str:
 
 
 # -- shared by the WebSocket session and the HTTP speech endpoint ---------------------------
-
-
-def request_limits(max_new_tokens: int | None, seed: int | None, cap: int | None) -> int | None:
-    """Check a client's ``max_new_tokens`` and ``seed``; the token limit after the server cap."""
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if seed is not None and not (0 <= seed < 1 << 63):
-        raise InputError(f"seed must be in [0, 2**63), got {seed}")
-    if cap is not None:
-        return cap if max_new_tokens is None else min(max_new_tokens, cap)
-    return max_new_tokens
 
 
 def error_for_exception(exc: BaseException) -> tuple[str, bool, int]:

@@ -45,17 +45,15 @@ import numpy as np
 import numpy.typing as npt
 
 from ..audio.formats import AudioFormat, StreamEncoder, get_format
-from ..config import SamplingParams
 from ..constants import FRAME_RATE
-from ..core.family import language_for
-from ..engine.dialogue import speaker_number
 from ..errors import (
     ConfigError,
+    FieldError,
     InputError,
-    SamplingError,
     VoiceStoreUnavailableError,
 )
-from ..request import StreamOptions, StreamStats, Voice, WordTime
+from ..request import StreamStats, Voice, WordTime
+from ..request.voices import speaker_number
 from ..text.segmenter import (
     DEFAULT_CLAUSE_MIN_CHARS,
     DEFAULT_MAX_CHARS,
@@ -64,6 +62,7 @@ from ..text.segmenter import (
     SegmenterConfig,
 )
 from ..timing.modes import check_timestamps
+from .actions import Abort, Action, Close, Configure, EndInput, SendAudio, SendText, Synthesize
 from .alignment import ContextWords
 from .protocol import (
     PROTOCOL_VERSION,
@@ -86,8 +85,8 @@ from .protocol import (
     decode_client,
     encode,
     error_for_exception,
-    request_limits,
 )
+from .start import check_voice_fields, request_options
 
 log = logging.getLogger(__name__)
 
@@ -126,66 +125,6 @@ class SessionSettings:
     # config's `voices:` table maps to null
     own_voice_names: frozenset[str] = frozenset({"default"})
 
-
-# -- actions (outputs) ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SendText:
-    data: str
-    error_code: str | None = None  # set for `error` messages (metrics)
-
-
-@dataclass(frozen=True, slots=True)
-class SendAudio:
-    data: bytes
-    seconds: float  # audio duration (send-buffer accounting)
-    context_id: str | None = None  # a named context's audio (dropped when it is cancelled)
-    header: str | None = None  # the `audio` message to send right before it (named contexts)
-
-
-@dataclass(frozen=True, slots=True)
-class Configure:
-    """Set up the speech pipeline (sent once, before the first Synthesize)."""
-
-    reference: Voice | None
-    options: StreamOptions
-    speakers: dict[str, Voice] | None = None  # a dialogue's voices (every context's)
-    prefix: Voice | None = None  # continued by the implicit context's first segment
-    prefix_text: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Synthesize:
-    index: int  # within its context
-    text: str
-    context_id: str | None = None  # None: the implicit context
-
-
-@dataclass(frozen=True, slots=True)
-class EndInput:
-    """No more segments will come (for this context)."""
-
-    context_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    """Stop generation now and drop audio not yet sent: of one named context, or (None)
-    of every context."""
-
-    context_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    code: int
-    reason: str
-    # Don't wait for queued frames (the client is not reading, or must go now).
-    immediate: bool = False
-
-
-Action = SendText | SendAudio | Configure | Synthesize | EndInput | Abort | Close
 
 State = Literal["idle", "streaming", "ended", "closed"]
 
@@ -706,13 +645,8 @@ class Session:
         except _FieldError as exc:
             self._error(exc.code, exc.message)
             return False
-        if reference is not None and speakers:
-            self._error(ErrorCode.INVALID_OPTION, "voice and speakers: give one voice, or one per speaker, not both")
-            return False
-        if msg.prefix_text is not None and msg.prefix is None:
-            self._error(ErrorCode.INVALID_OPTION, "prefix_text is the transcript of a prefix: give prefix too")
-            return False
         try:
+            check_voice_fields(reference, speakers, msg.prefix, msg.prefix_text)
             seg_cfg = SegmenterConfig(
                 min_chars=s.min_chars if msg.min_chars is None else msg.min_chars,
                 clause_min_chars=s.clause_min_chars
@@ -720,13 +654,9 @@ class Session:
                 else msg.clause_min_chars,
                 max_chars=s.max_chars,
             ).validate()
-            sampling = msg.sampling.validate() if msg.sampling is not None else None
             timestamps = check_timestamps(msg.timestamps)
-            options = self._options(msg, sampling)
-        except SamplingError as exc:  # named as the client wrote it, inside `sampling`
-            self._error(ErrorCode.INVALID_OPTION, f"sampling.{exc}")
-            return False
-        except (ValueError, ConfigError) as exc:
+            options = request_options(msg, s.max_new_tokens, normalize=msg.normalize)
+        except (ValueError, ConfigError) as exc:  # FieldError names the field as the client wrote it
             self._error(ErrorCode.INVALID_OPTION, str(exc))
             return False
         self.format = fmt
@@ -769,7 +699,7 @@ class Session:
             for key, value in msg.speakers.items():
                 try:
                     tag = f"S{speaker_number(key)}"
-                except InputError as exc:
+                except FieldError as exc:
                     raise _FieldError(ErrorCode.INVALID_OPTION, str(exc)) from None
                 if tag in speakers:
                     raise _FieldError(ErrorCode.INVALID_OPTION, f"speakers: {tag} is given twice")
@@ -789,26 +719,6 @@ class Session:
         if voice is None:
             raise _FieldError(ErrorCode.INVALID_OPTION, f"{field}: {value!r} is the model's own voice, which has no audio to give here")
         return voice
-
-    def _options(self, msg: Start, sampling: SamplingParams | None) -> StreamOptions:
-        mnt = request_limits(msg.max_new_tokens, msg.seed, self.settings.max_new_tokens)
-        language_for("as-given", msg.language)  # an empty one is an error (the engine sends the member's form)
-        if msg.tokens is not None and msg.tokens < 1:
-            raise InputError(f"tokens (duration in frames) must be >= 1, got {msg.tokens}")
-        return StreamOptions(
-            language=msg.language,
-            instruction=msg.instruction,
-            quality=msg.quality,
-            tokens=msg.tokens,
-            ambient_sound=msg.ambient_sound,
-            sound_event=msg.sound_event,
-            scene=msg.scene,
-            seed=msg.seed,
-            sampling=sampling,
-            max_new_tokens=mnt,
-            normalize=msg.normalize,
-            timestamps=None if msg.timestamps in (None, "none") else msg.timestamps,
-        )
 
     def _submit(self, ctx: _Context, segments: list[str]) -> None:
         for text in segments:

@@ -37,12 +37,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
-from ..config import SamplingParams
 from ..constants import FRAME_RATE, SAMPLE_RATE
-from ..core.family import language_for
-from ..core.prompt import check_template_fields, unwritten_fields
+from ..core.prompt import check_template_fields
 from ..core.speakers import check_speakers
-from ..engine.dialogue import speaker_tuple
 from ..engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -50,8 +47,9 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
-from ..errors import InputError, SamplingError, VoiceStoreUnavailableError
-from ..request import StreamOptions, Voice, WordTime
+from ..errors import FieldError, InputError, VoiceStoreUnavailableError
+from ..request import GenerationFields, StreamOptions, Voice, WordTime
+from ..request.voices import speaker_tuple
 from ..text.segmenter import Segmenter, SegmenterConfig
 from ..timing.modes import check_timestamps
 from .app_state import ServerState
@@ -64,7 +62,8 @@ from .openai_formats import (
     check_speed,
     resolve_format,
 )
-from .protocol import ErrorCode, error_for_exception, request_limits
+from .protocol import ErrorCode, error_for_exception
+from .start import check_voice_fields, http_error, request_options
 from .voice_fields import VoiceFieldError, resolve_voices
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,10 @@ log = logging.getLogger(__name__)
 __all__ = ["SpeechRequest", "speech_endpoint"]
 
 
-class SpeechRequest(msgspec.Struct, kw_only=True):
+class SpeechRequest(GenerationFields, frozen=True, kw_only=True):
+    """OpenAI's body and the request's fields (request/fields.py); the prompt's instruction
+    field comes as OpenAI's ``instructions``."""
+
     input: str
     model: str = "streamtts"
     voice: str | None = None
@@ -81,19 +83,9 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
     speed: float = 1.0
     stream_format: str = "audio"
     # ours
-    language: str | None = None
-    quality: str | None = None
-    tokens: int | None = None
-    ambient_sound: str | None = None
-    sound_event: str | None = None
-    scene: str | None = None
     speakers: dict[str, str] | None = None
     prefix: str | None = None
     prefix_text: str | None = None
-    seed: int | None = None
-    max_new_tokens: int | None = None
-    sampling: SamplingParams | None = None
-    timestamps: str | None = None  # "words" (stream_format "sse"): speech.alignment events
 
 
 def error_response(
@@ -327,41 +319,13 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
             raise SpeechRequestError(
                 ErrorCode.UNKNOWN_VOICE, "voice", state.voice_names.unknown_message(req.voice)
             )
-    mnt = request_limits(req.max_new_tokens, req.seed, state.settings.session.max_new_tokens)
+    cap = state.settings.session.max_new_tokens
     try:
-        sampling = req.sampling.validate() if req.sampling is not None else None
-    except SamplingError as exc:  # named as the field, not a bare invalid_request
-        raise SpeechRequestError(
-            ErrorCode.INVALID_OPTION, f"sampling.{exc.field}", f"sampling.{exc}"
-        ) from exc
-    try:
-        language_for("as-given", req.language)  # an empty one is an error; the engine sends the member's form
-    except InputError as exc:
-        raise SpeechRequestError(ErrorCode.INVALID_OPTION, "language", str(exc)) from None
-    if req.tokens is not None and req.tokens < 1:
-        raise SpeechRequestError(
-            ErrorCode.INVALID_OPTION, "tokens", f"tokens (duration in frames) must be >= 1, got {req.tokens}"
-        )
-    options = StreamOptions(
-        instruction=req.instructions,
-        language=req.language,
-        quality=req.quality,
-        tokens=req.tokens,
-        ambient_sound=req.ambient_sound,
-        sound_event=req.sound_event,
-        scene=req.scene,
-        seed=req.seed,
-        max_new_tokens=mnt,
-        sampling=sampling,
-        timestamps=None if req.timestamps in (None, "none") else req.timestamps,
-    )
-    tmpl = state.engine.prompt_template  # checked before anything is generated: every segment would fail
-    unused = unwritten_fields(tmpl, options)
-    if unused:
-        try:
-            check_template_fields(tmpl, options)
-        except InputError as exc:  # its message names every such field
-            raise SpeechRequestError(ErrorCode.INVALID_OPTION, unused[0], str(exc)) from None
+        options = request_options(req, cap, instruction=req.instructions)
+        # checked before anything is generated: every segment would fail
+        check_template_fields(state.engine.prompt_template, options)
+    except FieldError as exc:
+        raise http_error(exc) from None
     return options, reference
 
 
@@ -370,14 +334,10 @@ async def _voice_fields(
 ) -> tuple[dict[str, Voice] | None, Voice | None]:
     """The dialogue's speakers and the continuation's prefix; the whole input's speaker
     tags checked against the speakers here (its segments each carry only some)."""
-    if req.speakers and req.voice is not None:
-        raise SpeechRequestError(
-            ErrorCode.INVALID_OPTION, "speakers", "voice and speakers: give one voice, or one per speaker, not both"
-        )
-    if req.prefix_text is not None and req.prefix is None:
-        raise SpeechRequestError(
-            ErrorCode.INVALID_OPTION, "prefix_text", "prefix_text is the transcript of a prefix: give prefix too"
-        )
+    try:
+        check_voice_fields(req.voice, req.speakers, req.prefix, req.prefix_text)
+    except FieldError as exc:
+        raise http_error(exc) from None
     speakers, prefix = await resolve_voices(state, req.speakers, req.prefix)
     if speakers:
         try:

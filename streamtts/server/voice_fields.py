@@ -14,9 +14,9 @@ import base64
 import binascii
 from collections.abc import Mapping
 
-from ..engine.dialogue import speaker_number
 from ..errors import InputError, ReferenceAudioError, VoiceStoreUnavailableError
 from ..request import Voice
+from ..request.voices import speaker_number
 from .app_state import ServerState
 from .protocol import ErrorCode
 from .voices import is_voice_id

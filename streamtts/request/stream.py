@@ -3,39 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 
-from .config import SamplingParams
-from .constants import AUDIO_VOCAB, FRAME_RATE, FRAME_S
-from .errors import InputError
+from ..constants import AUDIO_VOCAB, FRAME_RATE, FRAME_S
+from ..errors import InputError
+from .fields import GenerationFields
 
 
-class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything one request may set besides its text. ``None`` = engine default."""
+class StreamOptions(GenerationFields, frozen=True, kw_only=True):
+    """Everything one request may set besides its text and voices: the request's fields
+    (fields.py) and the Python API's own. ``None`` = engine default."""
 
-    language: str | None = None
-    instruction: str | None = None
-    tokens: int | None = None  # desired duration in audio frames (the prompt's "Tokens" field)
-    quality: str | None = None
-    # SoundEffect's fields: with ambient_sound the text may be empty (the prompt says None)
-    ambient_sound: str | None = None
-    sound_event: str | None = None
-    # the "Scene" field of the prompt templates that have one (EngineConfig.prompt_template)
-    scene: str | None = None
-    seed: int | None = None
-    sampling: SamplingParams | None = None
-    max_new_tokens: int | None = None
     normalize: bool | None = None
     # Benchmarks only: force exactly this many frames (gen slot until then, then the delay slot).
     fixed_frames: int | None = None
-    # Estimated word times on the chunks (AudioChunk.words): "words" or "chars" (the server
-    # sends character times too); None / "none": off.
-    timestamps: str | None = None
     # The speaking rate the word-time estimate assumes until the generation ends (voiced
     # 10 ms hops per syllable); None: a prior per script. Set from an earlier generation in
     # the same voice (segmented.py).
@@ -189,24 +174,3 @@ class StreamStats:
             "rtf": round(self.rtf, 4),
             "finish_reason": self.finish_reason,
         }
-
-
-@dataclass(slots=True)
-class PreparedRequest:
-    """A request ready for the engine thread: prompt rows and their embeddings."""
-
-    rid: int
-    prompt: np.ndarray  # (S, 1 + n_vq) int64
-    prompt_embd: np.ndarray  # (S, H) float32
-    sampling: SamplingParams
-    seed: int
-    max_new_tokens: int
-    fixed_frames: int | None
-    sink: Any  # StreamSink: receives chunks / errors (thread-safe)
-    prefix_rows: int = 0  # leading rows shared with other requests (cacheable), 0 = none
-    prefix_key: bytes = b""  # digest of those rows
-    # continuation: the prompt's last rows are this many assistant gen-slot rows holding an
-    # audio prefix in the delay layout (its frames warm the codec; their samples are not sent)
-    audio_prefix_rows: int = 0
-    keep_rows: bool = False  # StreamOptions.rows: hand the raw generated rows out on the chunks
-    stats: StreamStats = field(default_factory=StreamStats)

@@ -1,0 +1,49 @@
+"""The fields a request may set besides its text and voices: the one list of them.
+
+Every front door (the WebSocket ``start``, the speech body, the CLI, :class:`StreamOptions`
+of the Python API) is a struct made of these, so a new prompt field is written here and on
+its template line (core/prompt.py), nowhere else. msgspec lays a struct's fields out in one
+row, so the two sets are a chain (``GenerationFields`` extends ``PromptFields``), not two
+bases of one struct.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..config import SamplingParams
+
+__all__ = ["GENERATION_FIELDS", "PROMPT_FIELDS", "GenerationFields", "PromptFields"]
+
+
+class PromptFields(msgspec.Struct, frozen=True, kw_only=True):
+    """The prompt's field lines (each member's template writes a subset of them; a field a
+    request sets that its template does not write is an error, core/prompt.py). ``None``:
+    the template writes ``None``. The order is the one errors name them in."""
+
+    instruction: str | None = None
+    tokens: int | None = None  # desired duration in audio frames (the prompt's "Tokens" field)
+    quality: str | None = None
+    # SoundEffect's fields: with ambient_sound the text may be empty (the prompt says None)
+    sound_event: str | None = None
+    ambient_sound: str | None = None
+    language: str | None = None  # an ISO code or a name; the member's own form is written
+    # the "Scene" field of the prompt templates that have one (EngineConfig.prompt_template)
+    scene: str | None = None
+
+
+class GenerationFields(PromptFields, frozen=True, kw_only=True):
+    """The prompt's fields and how to generate from it. ``None`` = the engine's default."""
+
+    seed: int | None = None
+    sampling: SamplingParams | None = None
+    max_new_tokens: int | None = None
+    # Estimated word times on the chunks (AudioChunk.words): "words" or "chars" (the server
+    # sends character times too); None / "none": off.
+    timestamps: str | None = None
+
+
+PROMPT_FIELDS: tuple[str, ...] = PromptFields.__struct_fields__
+GENERATION_FIELDS: tuple[str, ...] = tuple(
+    f for f in GenerationFields.__struct_fields__ if f not in PROMPT_FIELDS
+)

@@ -1,0 +1,34 @@
+"""A request ready for the engine thread (engine/prepare.py makes it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import SamplingParams
+from .handoff import ChunkSink
+from .stream import StreamStats
+
+__all__ = ["PreparedRequest"]
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """A request ready for the engine thread: prompt rows and their embeddings."""
+
+    rid: int
+    prompt: np.ndarray  # (S, 1 + n_vq) int64
+    prompt_embd: np.ndarray  # (S, H) float32
+    sampling: SamplingParams
+    seed: int
+    max_new_tokens: int
+    fixed_frames: int | None
+    sink: ChunkSink  # receives chunks / errors (thread-safe): engine/sink.py's StreamSink
+    prefix_rows: int = 0  # leading rows shared with other requests (cacheable), 0 = none
+    prefix_key: bytes = b""  # digest of those rows
+    # continuation: the prompt's last rows are this many assistant gen-slot rows holding an
+    # audio prefix in the delay layout (its frames warm the codec; their samples are not sent)
+    audio_prefix_rows: int = 0
+    keep_rows: bool = False  # StreamOptions.rows: hand the raw generated rows out on the chunks
+    stats: StreamStats = field(default_factory=StreamStats)
