@@ -16,6 +16,7 @@ from ..config import EngineConfig, find_model_config, with_defaults
 from ..core.family import DEFAULT_KIND, Member, load_bundle_member, member
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, InputError, ModelFileError
+from .backbone_calls import BackboneFactory, BackboneLike
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
 from .fuse_progress import FuseProgress
 from .loop import EngineCore
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 class Runtime:
     config: EngineConfig  # the config it runs with: the model's defaults where the user set none
     ids: TokenIds
-    backbone: Any
+    backbone: BackboneLike
     decoder: DecodeWorker
     core: EngineCore
     preparer: Preparer
@@ -204,7 +205,7 @@ def _member_defaults(cfg: EngineConfig, mc: Path | None) -> tuple[EngineConfig, 
 
 def build_runtime(
     cfg: EngineConfig,
-    backbone_factory: Callable[[Any], Any] | None = None,
+    backbone_factory: BackboneFactory | None = None,
     codec_factory: Callable[[EngineConfig, TokenIds], Any] | None = None,
 ) -> Runtime:
     """The engine's parts from ``cfg``; the factories put stand-ins in the backbone's or the

@@ -23,14 +23,25 @@ import numpy as np
 
 from ..config import EngineConfig, SamplingParams, load_config
 from ..errors import EngineClosedError, OverloadedError
-from ..request import AudioChunk, ReferenceLike, SpeakersLike, StreamOptions, StreamStats, Voice
+from ..request import (
+    AudioChunk,
+    ReferenceLike,
+    SpeakersLike,
+    StreamOptions,
+    StreamStats,
+    Voice,
+    VoiceRequest,
+)
 from .prepare import LongText, Preparer
 from .sink import StreamSink
 from .timed import ChunkTimer, wants_timestamps
 
 if TYPE_CHECKING:
     from ..core.prompt import PromptTemplate
+    from .backbone_calls import BackboneFactory, BackboneLike
+    from .decoding import DecodeWorker
     from .long_text import LongTextStream
+    from .loop import EngineCore
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +79,8 @@ class AudioStream:
         self,
         engine: Engine,
         text: str,
-        reference: ReferenceLike,
+        voices: VoiceRequest[ReferenceLike],
         options: StreamOptions,
-        *,
-        speakers: SpeakersLike | None = None,
-        prefix: ReferenceLike = None,
-        prefix_text: str | None = None,
     ) -> None:
         self._engine = engine
         self.rid = next(engine._rids)
@@ -82,9 +89,8 @@ class AudioStream:
         # once started, the (S, 1 + n_vq) prompt rows of its one generation (None: segments)
         self.prompt: np.ndarray | None = None
         self._text = text
-        self._reference = reference
+        self._voices = voices
         self._options = options
-        self._voices: dict[str, Any] = {"speakers": speakers, "prefix": prefix, "prefix_text": prefix_text}
         self._sink: StreamSink | None = None
         self._long: LongTextStream | None = None
         self._done = False
@@ -142,9 +148,10 @@ class AudioStream:
                 f"all {core.capacity} stream slots are busy and {core.queued_streams} requests are waiting"
             )
         sink = StreamSink(asyncio.get_running_loop(), self.stats)
+        v = self._voices
         req = await asyncio.to_thread(
-            functools.partial(engine._preparer.prepare, **self._voices),
-            self.rid, self._text, self._reference, self._options, sink, self.stats,
+            functools.partial(engine._preparer.prepare, speakers=v.speakers, prefix=v.prefix, prefix_text=v.prefix_text),
+            self.rid, self._text, v.reference, self._options, sink, self.stats,
         )  # fmt: skip
         if isinstance(req, LongText):
             from .long_text import LongTextStream
@@ -194,15 +201,15 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
         self._rids = itertools.count(1)
-        self._core: Any = None
-        self._decoder: Any = None
-        self._backbone: Any = None
+        self._core: EngineCore | None = None
+        self._decoder: DecodeWorker | None = None
+        self._backbone: BackboneLike | None = None
         self._preparer: Preparer = None  # type: ignore[assignment]
         self._closed = False
         self.info: dict[str, Any] = {}
         self.warmup_s: float | None = None  # how long start()'s warm-up took (None: none ran)
         # Tests and the orchestration benchmark swap llama.cpp for a stand-in here.
-        self.backbone_factory: Any = None
+        self.backbone_factory: BackboneFactory | None = None
         self.codec_factory: Any = None  # (config, ids) -> a codec stand-in (bench --null-codec)
 
     @classmethod
@@ -285,7 +292,7 @@ class Engine:
         self.info = rt.info
         self.ids = rt.ids
 
-    def _require_started(self) -> Any:
+    def _require_started(self) -> EngineCore:
         if self._closed:
             raise EngineClosedError("engine is closed")
         if self._core is None:
@@ -331,7 +338,8 @@ class Engine:
             import msgspec
 
             opts = msgspec.structs.replace(opts, **changes)
-        return AudioStream(self, text, reference, opts, speakers=speakers, prefix=prefix, prefix_text=prefix_text)
+        voices = VoiceRequest(reference=reference, speakers=speakers, prefix=prefix, prefix_text=prefix_text)
+        return AudioStream(self, text, voices, opts)
 
     async def generate(self, text: str, **kwargs: Any) -> Synthesis:
         """The whole utterance at once (same path as :meth:`stream`)."""

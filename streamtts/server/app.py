@@ -35,7 +35,6 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -45,6 +44,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from ..engine.client import EngineClient
 from ..errors import ReferenceAudioError, StreamTTSError, VoiceStoreUnavailableError
 from ..request import Voice
 from .app_state import ServerSettings, ServerState
@@ -69,14 +69,14 @@ WARMUP_TEXT = "Warming up."
 
 
 def create_app(
-    engine: Any, settings: ServerSettings | None = None, *, own_engine: bool = True
+    engine: EngineClient, settings: ServerSettings | None = None, *, own_engine: bool = True
 ) -> Starlette:
     """The app around ``engine`` (started in the lifespan if it is not yet).
 
     ``own_engine``: close the engine when the app shuts down.
     """
     settings = (settings or ServerSettings()).validate()
-    names = VoiceNames(getattr(getattr(engine, "config", None), "voices", None))
+    names = VoiceNames(engine.config.voices)
     # the names of the model's own voice mean "no reference" on the WebSocket too
     session = dataclasses.replace(settings.session, own_voice_names=names.own)
     settings = dataclasses.replace(settings, session=session)
@@ -106,7 +106,7 @@ def create_app(
             log.warning("voice store %s unreachable at start", redact_url(vs.url))
         with uvicorn_refusals_quiet():
             await engine.start()
-            if settings.warmup and getattr(engine, "warmup_s", None) is None:
+            if settings.warmup and engine.warmup_s is None:
                 # The first generation pays one-off costs (thread start-up, ONNX session
                 # warm-up); pay them before the first client does (unless the engine's own
                 # warm-up, the `warmup` config key, did).

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..engine.client import EngineClient
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from ..errors import ConfigError
 from ..request import Voice
@@ -83,7 +84,7 @@ class ServerState:
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineClient,
         settings: ServerSettings,
         voices: VoiceStore,
         voice_names: VoiceNames | None = None,

@@ -1,0 +1,162 @@
+"""When a stream's frames go out, and why a stream ends: the engine's output policy.
+
+Beside the scheduler's slack rule (scheduler.py decides who steps), this decides what a step's
+frames become. Every tick each stepped stream may complete a frame; the frames wait in the
+slot table until the stream's chunk is due -- at its chunk target (``chunk_frames``: small
+first, larger after) or earlier, when a real-time listener started at the stream's first
+chunk would run dry waiting for the rest -- or until the stream ends: it sampled the end of
+speech (``stop``), its last frame is complete (``audio_end``), it reached ``max_new_tokens``,
+or its context is full (``context_full``). It reads the slot table and the delay states and
+makes decode jobs; it calls no backbone and starts no thread, so it is tested with made-up
+streams (tests/engine/test_chunk_policy.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..constants import FRAME_S
+from ..core.delay_state import DelayStates
+from .decoding import DecodeJob
+from .slot_table import SlotTable
+
+__all__ = ["ChunkPolicy"]
+
+
+class ChunkPolicy:
+    """The output side of a tick: :meth:`route` hands finished frames on and ends streams.
+
+    ``submit``: hands the tick's chunks to the decode thread at once; ``free``: empties a
+    finished stream's slot and hands it its last chunk (the engine's ``free``).
+    """
+
+    def __init__(
+        self,
+        chunk_frames: Sequence[int],
+        slots: SlotTable,
+        states: DelayStates,
+        n_ctx_seq: int,
+        submit: Callable[[list[DecodeJob]], None],
+        free: Callable[[int, DecodeJob], None],
+    ) -> None:
+        self.slots = slots
+        self.states = states
+        self.n_vq = states.ids.n_vq
+        self.n_ctx_seq = n_ctx_seq
+        self.chunk_frames = list(chunk_frames)
+        self._chunk_arr = np.asarray(self.chunk_frames, dtype=np.int64)  # the same, for due()
+        self.tick_s = 0.0  # moving average of the tick time
+        self.decode_margin_s = 0.05  # time allowed for a decode window to reach the listener
+        self._submit = submit
+        self._free = free
+        self._no_rows = np.zeros((0, 1 + self.n_vq), dtype=np.int64)
+
+    def observe_tick(self, seconds: float) -> None:
+        """One more tick took ``seconds`` (the lateness rule's estimate of the next)."""
+        self.tick_s += 0.1 * (seconds - self.tick_s)
+
+    def route(self, run: np.ndarray, frames: np.ndarray, ready: np.ndarray, index: np.ndarray, now: float, tick: int) -> None:
+        """Hand finished frames to the decode thread and close finished streams.
+
+        All the step's frames go into the slot table at once; Python looks only at the
+        streams that send a chunk or end this tick."""
+        tab = self.slots
+        done = self.finished(run)
+        got = np.flatnonzero(ready)
+        if got.size == run.size:  # the usual tick: every stream completed a frame
+            tab.add_pending(run, frames, index)
+            send = done | self.due(run, now)
+        else:
+            tab.add_pending(run[got], frames[got], index[got])
+            send = done.copy()
+            send[got] |= self.due(run[got], now)
+        out: list[DecodeJob] = []  # the tick's chunks, handed to the decode thread at once
+        try:
+            for i in np.flatnonzero(send).tolist():
+                slot = int(run[i])
+                if done[i]:
+                    s = tab.streams[slot]
+                    assert s is not None
+                    s.req.stats.finish_reason = self.finish_reason(slot)
+                    self._emit(slot, now, tick, out, last=True)  # frees the slot before the last chunk goes out
+                else:
+                    self._emit(slot, now, tick, out, last=False)
+        finally:
+            if out:
+                self._submit(out)
+
+    def finished(self, run: np.ndarray) -> np.ndarray:
+        """Which of ``run`` (each just stepped) end now (:meth:`finish_reason` says why)."""
+        st = self.states
+        tab = self.slots
+        done: np.ndarray = (
+            st.is_stopping[run]
+            | (st.delayed_length[run] == self.n_vq)  # last frame complete; next row is <|audio_end|>
+            | (tab.steps[run] >= tab.max_new[run])
+            | (tab.kv_pos[run] >= self.n_ctx_seq)
+        )
+        return done
+
+    def due(self, slots: np.ndarray, now: float) -> np.ndarray:
+        """Which of ``slots`` (each just given a frame) send their new frames now? At the
+        chunk target, or before a listener would run dry.
+
+        A real-time listener started at the first chunk has ``slack`` seconds of
+        audio left; waiting for a full chunk costs the remaining frames' ticks plus
+        a decode, so send early when that would exhaust the slack.
+        """
+        tab = self.slots
+        new = tab.pend_n[slots] - tab.warm[slots]
+        target = self._chunk_arr[np.minimum(tab.chunk_index[slots], self._chunk_arr.size - 1)]
+        missing = target - new
+        slack = tab.t_first_emit[slots] + tab.frames_sent[slots] * FRAME_S - now
+        late = slack < missing * self.tick_s + self.decode_margin_s
+        due: np.ndarray = (new > 0) & ((missing <= 0) | late)
+        return due
+
+    def finish_reason(self, slot: int) -> str:
+        if self.states.is_stopping[slot]:
+            return "stop"
+        if self.states.delayed_length[slot] == self.n_vq:
+            return "audio_end"
+        if self.slots.steps[slot] >= self.slots.max_new[slot]:
+            return "max_new_tokens"
+        return "context_full"
+
+    def _emit(self, slot: int, now: float, tick: int, out: list[DecodeJob], last: bool) -> None:
+        """The slot's pending frames as a job: appended to ``out``, or (``last``) handed over
+        at once by freeing the slot (a stream has one job a tick, so the order holds)."""
+        tab = self.slots
+        s = tab.streams[slot]
+        assert s is not None
+        warm = int(tab.warm[slot])
+        n = int(tab.pend_n[slot]) - warm  # new frames (the warm-up ones lead)
+        if n == 0 and not last:
+            return
+        codes = tab.take_pending(slot)
+        if s.lead is not None:  # a continuation's first chunk: the prefix's known frames lead
+            codes = np.concatenate([s.lead, codes])
+            warm += s.lead.shape[0]
+            s.lead = None
+        s.req.stats.steps = int(tab.steps[slot])
+        s.req.stats.step_s = float(tab.step_s[slot])
+        if tab.frames_sent[slot] == 0 and n:
+            tab.t_first_emit[slot] = now
+        s.req.stats.frames += n
+        rows = None
+        if tab.keep_rows[slot]:
+            rows = np.stack(s.rows) if s.rows else self._no_rows
+            s.rows = []
+        job = DecodeJob(
+            s.req.rid, s.req.sink, codes, int(tab.pending_first[slot]), int(tab.steps[slot]) - 1,
+            is_last=last, tick=tick, warm=warm, rows=rows,
+        )
+        if last:  # the slot and its KV cells are free before its listener hears the end
+            self._free(slot, job)
+            return
+        out.append(job)
+        tab.frames_sent[slot] += n
+        tab.audio_due[slot] = tab.t_first_emit[slot] + tab.frames_sent[slot] * FRAME_S
+        tab.chunk_index[slot] += 1

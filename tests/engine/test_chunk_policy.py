@@ -1,0 +1,136 @@
+"""engine.chunk_policy: when a stream's frames go out and why it ends, with made-up streams
+(no threads, no llama.cpp): the slot table and the delay states as the engine leaves them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from streamtts.config import SamplingParams
+from streamtts.constants import FRAME_S
+from streamtts.core.delay_state import DelayStates
+from streamtts.core.tokens import TokenIds
+from streamtts.engine.chunk_policy import ChunkPolicy
+from streamtts.engine.decoding import DecodeJob
+from streamtts.engine.slot_table import SlotTable
+from streamtts.request import PreparedRequest, StreamStats
+
+IDS = TokenIds()
+K = IDS.n_vq
+
+
+@dataclass
+class Sink:
+    stats: StreamStats = field(default_factory=StreamStats)
+    consumed_samples: int = 0
+    cancelled: bool = False
+
+
+@dataclass
+class Out:
+    """What the policy handed on: the tick's chunks, and the slots it ended (with their last chunk)."""
+
+    jobs: list[DecodeJob] = field(default_factory=list)
+    freed: list[tuple[int, DecodeJob]] = field(default_factory=list)
+
+
+def make(cap: int = 4, chunk_frames: tuple[int, ...] = (2, 4), n_ctx: int = 1000) -> tuple[ChunkPolicy, SlotTable, DelayStates, Out]:
+    slots = SlotTable(cap, K, max(chunk_frames) + K - 1)
+    states = DelayStates(cap, IDS)
+    out = Out()
+
+    def free(slot: int, job: DecodeJob) -> None:
+        slots.release(slot)
+        out.freed.append((slot, job))
+
+    return ChunkPolicy(chunk_frames, slots, states, n_ctx, out.jobs.extend, free), slots, states, out
+
+
+def admit(slots: SlotTable, slot: int, rid: int, max_new: int = 100, states: DelayStates | None = None) -> PreparedRequest:
+    req = PreparedRequest(
+        rid=rid, prompt=np.zeros((4, 1 + K), np.int64), prompt_embd=np.zeros((4, 8), np.float32),
+        sampling=SamplingParams(), seed=0, max_new_tokens=max_new, fixed_frames=None, sink=Sink(),
+    )  # fmt: skip
+    s = slots.reset(slot, req)
+    s.fed, s.running = 4, True
+    if states is not None:  # generating: neither stopping nor past its last frame (a free slot is stopping)
+        states.is_stopping[slot] = False
+    return req
+
+
+def tick(policy: ChunkPolicy, slots: SlotTable, run: list[int], frame: int, now: float, ready: bool = True) -> None:
+    """Every stream of ``run`` stepped and (``ready``) completed frame ``frame``."""
+    r = np.asarray(run, dtype=np.int64)
+    slots.steps[r] += 1
+    frames = np.full((r.size, K), frame, dtype=np.int64)
+    index = np.full(r.size, frame, dtype=np.int64)
+    policy.route(r, frames, np.full(r.size, ready), index, now, frame)
+
+
+def test_the_first_frame_goes_out_at_once_then_chunks_at_their_target() -> None:
+    policy, slots, states, out = make(chunk_frames=(2, 4))
+    admit(slots, 0, rid=1, states=states)
+    tick(policy, slots, [0], 0, now=10.0)
+    # no listener yet, so nothing to wait for: the first audio goes out with its first frame
+    assert [j.codes[:, 0].tolist() for j in out.jobs] == [[0]]
+    assert slots.chunk_index[0] == 1 and slots.frames_sent[0] == 1
+    assert slots.t_first_emit[0] == 10.0 and slots.audio_due[0] == 10.0 + FRAME_S
+    # the next target is 4 frames, and the listener has 80 ms in hand against fast ticks: it waits
+    policy.tick_s = 0.001
+    for f in range(1, 4):
+        tick(policy, slots, [0], f, now=10.0)
+    assert len(out.jobs) == 1
+    tick(policy, slots, [0], 4, now=10.0)
+    assert [j.codes[:, 0].tolist() for j in out.jobs][1] == [1, 2, 3, 4]
+    assert slots.chunk_index[0] == 2 and slots.frames_sent[0] == 5
+
+
+def test_a_listener_about_to_run_dry_gets_what_there_is() -> None:
+    policy, slots, states, out = make(chunk_frames=(1, 8))
+    admit(slots, 0, rid=1, states=states)
+    tick(policy, slots, [0], 0, now=10.0)  # the first chunk: one frame, 80 ms of audio
+    policy.tick_s = 0.05  # slow ticks: seven more frames would take 0.35 s
+    tick(policy, slots, [0], 1, now=10.0)
+    assert [j.codes.shape[0] for j in out.jobs] == [1, 1]  # sent early, short of its target
+    due = policy.due(np.array([0]), now=10.0)
+    assert not due.any()  # nothing new pending: nothing to send
+
+
+def test_due_counts_only_new_frames() -> None:
+    policy, slots, states, _ = make(chunk_frames=(2,))
+    admit(slots, 0, rid=1, states=states)
+    slots.warm[0] = slots.pend_n[0] = 2  # a continuation's warm-up frames: not new audio
+    assert not policy.due(np.array([0]), now=0.0).any()
+    slots.pend_n[0] = 4
+    assert policy.due(np.array([0]), now=0.0).all()
+
+
+def test_a_stream_ends_for_each_reason_and_frees_its_slot() -> None:
+    policy, slots, states, out = make(cap=4, n_ctx=50)
+    reqs = [admit(slots, i, rid=10 + i, max_new=5, states=states) for i in range(4)]
+    states.is_stopping[0] = True  # sampled the end of speech
+    states.delayed_length[1] = K  # its last frame is complete
+    slots.steps[2] = 4  # the next step is its fifth: max_new_tokens
+    slots.kv_pos[3] = 50  # its context is full
+    tick(policy, slots, [0, 1, 2, 3], 0, now=1.0)
+    assert sorted(slot for slot, _ in out.freed) == [0, 1, 2, 3]
+    assert [r.stats.finish_reason for r in reqs] == ["stop", "audio_end", "max_new_tokens", "context_full"]
+    assert all(job.is_last for _, job in out.freed) and out.jobs == []
+    assert slots.active == 0
+
+
+def test_a_stream_without_a_new_frame_still_ends() -> None:
+    policy, slots, states, out = make()
+    req = admit(slots, 0, rid=1, states=states)
+    states.is_stopping[0] = True
+    tick(policy, slots, [0], 0, now=1.0, ready=False)
+    assert [(slot, job.is_last, job.codes.shape[0]) for slot, job in out.freed] == [(0, True, 0)]
+    assert req.stats.finish_reason == "stop"
+
+
+def test_the_tick_estimate_follows_the_ticks() -> None:
+    policy, _, _, _ = make()
+    for _ in range(100):
+        policy.observe_tick(0.02)
+    assert abs(policy.tick_s - 0.02) < 1e-6
