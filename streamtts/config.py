@@ -10,7 +10,7 @@ the official pipeline does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +70,21 @@ class SamplingParams(_SamplingKeys, frozen=True, kw_only=True, forbid_unknown_fi
 SAMPLING_KEYS = tuple(SamplingParams.__struct_fields__)
 KERNEL_NAMES = ("row_sampler", "delay_step", "frame_push", "step_embed")
 """The per-step kernels with a compiled twin (``streamtts/kernels/``), as the ``kernels`` key names them."""
+
+
+def select_twins(sampler: str, overrides: Sequence[str] = ()) -> frozenset[str]:
+    """The kernels whose twin runs: all for ``sampler: native``, none for ``numpy``, then each
+    ``"+name"`` / ``"-name"`` of ``overrides`` in order (the ``sampler`` and ``kernels``
+    keys' one check: EngineConfig.validate and kernels/registry.py both call it)."""
+    if sampler not in ("native", "numpy"):
+        raise ConfigError(f"sampler must be 'native' or 'numpy', got {sampler!r}")
+    on = set(KERNEL_NAMES if sampler == "native" else ())
+    for item in overrides:
+        sign, name = (item[:1], item[1:]) if isinstance(item, str) else ("", "")
+        if sign not in ("+", "-") or name not in KERNEL_NAMES:
+            raise ConfigError(f"kernels: {item!r} is not '+name' or '-name' with a name from {', '.join(KERNEL_NAMES)}")
+        (on.add if sign == "+" else on.discard)(name)
+    return frozenset(on)
 PATH_KEYS = (
     "backbone_gguf",
     "embedding_dir",
@@ -228,13 +243,7 @@ class EngineConfig(_SamplingKeys, kw_only=True):
             raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
         if self.backend not in ("auto", "cpu", "cuda", "vulkan"):
             raise ConfigError(f"backend must be 'auto', 'cpu', 'cuda' or 'vulkan', got {self.backend!r}")
-        if self.sampler not in ("native", "numpy"):
-            raise ConfigError(f"sampler must be 'native' or 'numpy', got {self.sampler!r}")
-        for item in self.kernels:
-            if not isinstance(item, str) or item[:1] not in ("+", "-") or item[1:] not in KERNEL_NAMES:
-                raise ConfigError(
-                    f"kernels: {item!r} is not '+name' or '-name' with a name from {', '.join(KERNEL_NAMES)}"
-                )
+        select_twins(self.sampler, self.kernels)
         if not self.chunk_frames or any(c < 1 for c in self.chunk_frames):
             raise ConfigError(f"chunk_frames must be a non-empty list of ints >= 1, got {self.chunk_frames}")
         if self.resume_buffered_s > self.max_buffered_s or self.max_buffered_s <= 0:

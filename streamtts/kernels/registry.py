@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..config import KERNEL_NAMES, EngineConfig
+from ..config import KERNEL_NAMES, EngineConfig, select_twins
 from ..core.delay_state import DelayStates
 from ..core.sampling import RowSampler, sample_rows
 from ..core.tokens import TokenIds
-from ..errors import ConfigError
 from .entries import DelayStep, FramePush, StepEmbed, Unreadable
 from .spec import SpecDelayStep, SpecFramePush, SpecStepEmbed
 from .tick_pool import TickPool, auto_threads
@@ -43,20 +42,6 @@ TABLE = (
     Kernel("step_embed", "model/tables.py Embedder.__call__", "native/embed.c (kernels/embed.py)"),
 )
 assert tuple(k.name for k in TABLE) == KERNEL_NAMES
-
-
-def select_twins(sampler: str, overrides: Sequence[str] = ()) -> frozenset[str]:
-    """The kernels whose twin runs: all for ``sampler: native``, none for ``numpy``, then each
-    ``"+name"`` / ``"-name"`` of ``overrides`` in order."""
-    if sampler not in ("native", "numpy"):
-        raise ConfigError(f"sampler must be 'native' or 'numpy', got {sampler!r}")
-    on = set(KERNEL_NAMES if sampler == "native" else ())
-    for item in overrides:
-        sign, name = item[:1], item[1:]
-        if sign not in ("+", "-") or name not in KERNEL_NAMES:
-            raise ConfigError(f"kernels: {item!r} is not '+name' or '-name' with a name from {', '.join(KERNEL_NAMES)}")
-        (on.add if sign == "+" else on.discard)(name)
-    return frozenset(on)
 
 
 class Kernels:
