@@ -95,7 +95,8 @@ def _engine(args: argparse.Namespace) -> Any:
 
 def _options(args: argparse.Namespace, engine: Any) -> Any:
     """The request's options from the flags: each prompt field's flag has its name
-    (request/fields.py), the sampling flags change the config's sampling."""
+    (request/fields.py; a field with no flag is left unset), the sampling flags change the
+    config's sampling."""
     from ..request import PROMPT_FIELDS, StreamOptions
 
     base = engine.config.sampling
@@ -103,8 +104,9 @@ def _options(args: argparse.Namespace, engine: Any) -> Any:
     if args.greedy:
         changes.update(text_temperature=0.0, audio_temperature=0.0)
     sampling: SamplingParams = msgspec.structs.replace(base, **changes)
+    prompt: dict[str, Any] = {f: getattr(args, f, None) for f in PROMPT_FIELDS}
     return StreamOptions(
-        **{f: getattr(args, f) for f in PROMPT_FIELDS},
+        **prompt,
         seed=args.seed,
         sampling=sampling,
         max_new_tokens=args.max_new_tokens,
