@@ -58,6 +58,11 @@ static inline void sampled_range(const stt_delay_states *st, int64_t s, int64_t 
     *to = st->is_stopping[s] ? *from : (al < st->n_vq ? al : st->n_vq);
 }
 
+/* Rows of `seen` per slot: codebook 0's penalty history, and that of codebooks 1..n_vq-1
+ * pooled (the checkpoint's sample_token). The Python side asks, so that a bridge built before
+ * the pooled history is refused rather than indexed past its `seen`. */
+STT_API int32_t stt_delay_seen_rows(void) { return 2; }
+
 /*
  * Advance streams slots[0..n_b) one step, as DelayStates.step. pair: n_b rows of
  * [gen slot, delay slot] logits, pair_stride floats apart. audio: row (b, k) of n_audio
@@ -141,7 +146,8 @@ STT_API int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots,
                 row[k] = st->audio_pad_code;
                 continue;
             }
-            const uint8_t *sn = pen != 1.0f ? st->seen + ((int64_t)s * K + k) * A : NULL;
+            /* the checkpoint's sample_token: codebook 0's history, or 1..K-1's pooled */
+            const uint8_t *sn = pen != 1.0f ? st->seen + ((int64_t)s * 2 + (k > 0)) * A : NULL;
             int64_t tok = stt_sample_one(lg_b + k * audio_k_stride, A, st->audio_temperature[s],
                                          st->audio_top_k[s], st->audio_top_p[s],
                                          uniform(key, (uint64_t)k + 1), sn, pen, scratch);
@@ -161,7 +167,7 @@ STT_API int32_t stt_delay_step(const stt_delay_states *st, const int64_t *slots,
         int64_t al = st->audio_length[s], dl = st->delayed_length[s];
         int active = !st->is_stopping[s];
         sampled_range(st, s, &from, &to);
-        for (int64_t k = from; k < to; k++) st->seen[((int64_t)s * K + k) * A + row[1 + k]] = 1;
+        for (int64_t k = from; k < to; k++) st->seen[((int64_t)s * 2 + (k > 0)) * A + row[1 + k]] = 1;
         int forced_end = active && dl == K;
         int is_start = text == st->audio_start;
         int is_end = active && text == st->audio_end;

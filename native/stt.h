@@ -40,8 +40,9 @@ typedef struct stt_params {
     int32_t use_mmap;        /* 1: memory-map the model file (llama.cpp default) */
 } stt_params;
 
-/* ---- delay.c: the arrays of a DelayStates (capacity entries each; seen: capacity x n_vq x
- * n_audio bytes) and the constants its step needs ---- */
+/* ---- delay.c: the arrays of a DelayStates (capacity entries each; seen: capacity x 2 x
+ * n_audio bytes, the penalty histories of codebook 0 and of codebooks 1..n_vq-1 pooled) and
+ * the constants its step needs ---- */
 typedef struct {
     int32_t capacity, n_vq, n_audio, pair_swapped;
     int64_t pad, gen_slot, delay_slot, audio_start, audio_end, im_end, audio_pad_code;

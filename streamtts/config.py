@@ -207,8 +207,7 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # -1 = llama.cpp's own thread pool (which spins at 50)
     thread_poll: int = 0
     # the prompt template (core/prompt.py TEMPLATES; docs/family.md): "" = the model's member's
-    # ("moss", the GitHub processor's); "moss-ttsd-scene": TTSD's checkpoint processor as a
-    # third party read it (a Scene field, Tokens always None), unconfirmed
+    # ("moss", the GitHub processor's; "moss-ttsd", MOSS-TTSD's own processor's)
     prompt_template: str = ""
     # `streamtts serve`: voice names -> a reference clip (path, resolved like the model paths)
     # or null (the model's own voice). Empty: every OpenAI voice name is the model's own voice.

@@ -72,7 +72,7 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality", help="the prompt's quality field")
     p.add_argument("--ambient-sound", help="ambient sound to generate (SoundEffect); the text may then be empty")
     p.add_argument("--sound-event", help="the prompt's sound event field (SoundEffect)")
-    p.add_argument("--scene", help="the Scene field of a prompt template that has one (prompt_template: moss-ttsd-scene)")
+    p.add_argument("--scene", help="refused: no member's template writes a scene (MOSS-TTSD's writes Scene: None)")
     p.add_argument("--tokens", type=positive_int, help="desired duration in audio frames (12.5 per second)")
     p.add_argument("--seed", type=int, help="sampling seed (reproducible per request); default: random")
     p.add_argument("--max-new-tokens", type=positive_int, help="generation steps at most; default: the config's")

@@ -523,7 +523,7 @@ _CONFIG_HEAD = """\
 # streamtts config written by `streamtts convert-hf` ({quant} backbone) from
 # {source}
 # Model: {kind} ({title}); its sampling defaults are in config.json ("sampling"), used for
-# every sampling key this file does not set.
+# every sampling key this file does not set; max_new_tokens and n_ctx below are its own.
 # Paths are relative to this file's folder. The codec is not converted: put the
 # MOSS-Audio-Tokenizer-ONNX folder next to this one (`streamtts download` lays it out so),
 # or point the two audio_*_onnx keys at it. See configs/default.yaml for every key.
@@ -551,7 +551,10 @@ def _config_yaml(job: _Job, gpu: bool) -> str:
     )  # fmt: skip
     if job.primary == "F32":
         head += _F32_KEYS
-    return config_yaml(head, gpu=gpu, fused_gguf=_fused_name(job.primary) if job.fused else None)
+    return config_yaml(
+        head, gpu=gpu, fused_gguf=_fused_name(job.primary) if job.fused else None,
+        n_ctx=job.member.n_ctx, max_new_tokens=job.member.max_new_tokens,
+    )  # fmt: skip
 
 
 def _config_json(job: _Job) -> str:

@@ -18,9 +18,11 @@ the canonical candidate order even the same token for the same uniform.
 official step, kept next to the vectorised one so tests (and the engine's
 conformance test) can check :meth:`DelayStates.step` row for row.
 
-Deliberate difference from the official llama.cpp pipeline: the repetition
-penalty of codebooks 1..31 uses each codebook's own history (the contract's
-"per head"), while the official code pools the histories of heads 1..31.
+The repetition penalty follows the checkpoint's ``sample_token`` (every member's
+``modeling_moss_tts.py``; its ``apply_repetition_penalty_delay_pattern`` gets 2-D logits
+for both calls): codebook 0 is penalised by the codes its column holds over the whole
+sequence, prompt included; codebooks 1..K-1 share one history, the codes of all their
+columns. ``seen`` keeps those two histories per slot.
 """
 
 from __future__ import annotations
@@ -78,9 +80,10 @@ class DelayStates:
     ``audio_length``, ``delayed_length`` (:data:`NONE` when no flush runs),
     ``is_audio``, ``is_stopping`` (also true for slots never reset),
     ``audio_ended`` (the last step of this slot emitted ``<|audio_end|>``),
-    ``time_step``; per-slot sampling parameters; ``seen`` (capacity, K, A)
-    bool, the codes each codebook has produced (prompt included) for the
-    repetition penalty.
+    ``time_step``; per-slot sampling parameters; ``seen`` (capacity, 2, A)
+    bool, the repetition penalty's histories (prompt included): ``[:, 0]`` the codes of
+    codebook 0's column, ``[:, 1]`` those of codebooks 1..K-1's columns together (the
+    checkpoint's ``sample_token`` pools them).
 
     ``sampler``: :func:`~streamtts.core.sampling.sample_rows` (the default) or another
     implementation of it (``streamtts.kernels`` passes the compiled one); with
@@ -114,10 +117,11 @@ class DelayStates:
         self.audio_top_p = np.ones(capacity, dtype=np.float64)
         self.audio_penalty = np.ones(capacity, dtype=np.float32)
         self.seed = np.zeros(capacity, dtype=np.uint64)
-        self.seen = np.zeros((capacity, k, a), dtype=bool)
+        self.seen = np.zeros((capacity, 2, a), dtype=bool)
         self._u_text = np.empty((capacity, 1), dtype=np.float64)
         self._u_audio = np.empty((capacity, k), dtype=np.float64)
         self._k = np.arange(k, dtype=np.int64)
+        self._history = np.minimum(self._k, 1)  # codebook -> its row of seen
         self._workspace = SamplerWorkspace()
         # Pair columns in token-id order, so that ties break like the
         # full-vocabulary argmax (first id) and candidates order canonically.
@@ -157,7 +161,7 @@ class DelayStates:
         self.seed[slot] = seed_to_uint64(seed)
         seen = self.seen[slot]
         seen[...] = False
-        seen[self._k[None, :], p[:, 1:]] = True
+        seen[self._history[None, :], p[:, 1:]] = True
 
     # -- the step ---------------------------------------------------------------------
 
@@ -351,7 +355,8 @@ class DelayStates:
                 flat = np.take(audio_logits.reshape(b_n * k_n, a_n), fi, axis=0, out=self._workspace.rows(fi.size, a_n), mode="clip")
             else:
                 flat = audio_logits[rb, kk]
-        seen_rows = self.seen[s[rb], kk] if use_pen else None
+        hist = self._history[kk]
+        seen_rows = self.seen[s[rb], hist] if use_pen else None
         try:
             sampled = self._sample(
                 flat,
@@ -368,7 +373,7 @@ class DelayStates:
             bad = np.unique(s[rb[list(exc.rows)]])
             raise NonFiniteLogitsError(bad, "audio of slots") from exc
         codes[amask] = sampled
-        self.seen[s[rb], kk, sampled] = True
+        self.seen[s[rb], hist, sampled] = True
 
 
 # -- the plain spec (single sequence) ---------------------------------------------------
@@ -412,7 +417,8 @@ def spec_step(
     ``text_logits`` (V,) full text vocabulary, ``audio_logits`` (K, A); neither
     is modified. Uses the same uniforms as :meth:`DelayStates.step`
     (``counter_uniforms(seed, time_step, ...)``) and :func:`sample_rows_spec`,
-    with each codebook's own history for the repetition penalty. Slow; tests only.
+    with the checkpoint's histories for the repetition penalty (codebook 0's column; codebooks
+    1..K-1's columns together). Slow; tests only.
     """
     k_n = ids.n_vq
     pad_code = ids.audio_pad_code
@@ -461,7 +467,7 @@ def spec_step(
         if k < state.audio_length and (dl is None or k >= dl):
             row = np.array(audio_logits[k], dtype=np.float32, copy=True)
             row[pad_code] = -np.inf
-            history = [h[k] for h in state.audio_history]
+            history = [c for h in state.audio_history for c in (h[:1] if k == 0 else h[1:])]
             next_audio[k] = int(
                 sample_rows_spec(
                     row[None, :],

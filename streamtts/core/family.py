@@ -21,6 +21,18 @@ from .tokens import read_model_config
 
 ModelKind = Literal["moss-tts", "moss-tts-v1.5", "moss-ttsd", "moss-voice-generator", "moss-sound-effect"]
 LanguageForm = Literal["code", "name", "as-given"]
+# the text normaliser a member's own code applies when normalisation is on: the GitHub
+# processor's (v1.5's robustness normaliser, text/normalize.py) or MOSS-TTSD's (text/ttsd.py)
+Normalizer = Literal["moss", "ttsd"]
+
+# The GitHub MossTTSDelayModel.generate()'s text channel (OpenMOSS/MOSS-TTS
+# moss_tts_delay/modeling_moss_tts.py): every member served with the GitHub code uses it.
+_GITHUB_TEXT = (1.5, 1.0, 50)
+GITHUB_SOURCE = "OpenMOSS/MOSS-TTS moss_tts_delay/ (processing_moss_tts.py, modeling_moss_tts.py)"
+TTSD_SOURCE = (
+    "MOSS-TTSD-v1.0's own processing_moss_tts.py and modeling_moss_tts.py (byte copy: "
+    "diodiogod/TTS-Audio-Suite engines/moss_tts/impl/ttsd/) and OpenMOSS/MOSS-TTSD generation_utils.py"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +44,7 @@ class Member:
     hf_repo: str
     n_vq: int
     backbone: str
-    # audio temperature / top-p / top-k / repetition penalty (the text channel: 1.5 / 1.0 / 50)
+    # audio temperature / top-p / top-k / repetition penalty
     audio_temperature: float
     audio_top_p: float
     audio_top_k: int
@@ -41,16 +53,26 @@ class Member:
     # caller gave it (the model card does not say)
     language_form: LanguageForm
     fields: tuple[str, ...]  # the prompt fields its model card uses
-    # its prompt template (core/prompt.py TEMPLATES): the GitHub processor's for every member;
-    # EngineConfig.prompt_template picks another (e.g. the unconfirmed "moss-ttsd-scene")
+    # its prompt template (core/prompt.py TEMPLATES); EngineConfig.prompt_template picks another
     template: str = "moss"
+    # the text channel's temperature / top-p / top-k, as its generate() has them
+    text_preset: tuple[float, float, int] = _GITHUB_TEXT
+    normalizer: Normalizer = "moss"
+    # its generate() reads the checkpoint's generation_config.json: plain temperature / top_p /
+    # top_k / repetition_penalty as the audio preset, and max_new_tokens (convert/member.py)
+    reads_generation_config: bool = False
+    # steps of one generation by default (its generate()'s fallback where it has one that
+    # reads generation_config.json; else the engine's)
+    max_new_tokens: int = 3072
+    source: str = GITHUB_SOURCE  # the code its template, presets and normaliser follow
 
     def sampling_defaults(self) -> dict[str, float | int]:
         """The sampling keys (EngineConfig / SamplingParams names) of this member's preset."""
+        t, p, k = self.text_preset
         return {
-            "text_temperature": 1.5,
-            "text_top_p": 1.0,
-            "text_top_k": 50,
+            "text_temperature": t,
+            "text_top_p": p,
+            "text_top_k": k,
             "audio_temperature": self.audio_temperature,
             "audio_top_p": self.audio_top_p,
             "audio_top_k": self.audio_top_k,
@@ -65,14 +87,18 @@ MEMBERS: dict[str, Member] = {
                1.7, 0.8, 25, 1.0, "code", ("text", "reference", "language")),
         Member("moss-tts-v1.5", "MOSS-TTS-v1.5", "OpenMOSS-Team/MOSS-TTS-v1.5", 32, "Qwen3-8B",
                1.7, 0.8, 25, 1.0, "name", ("text", "reference", "language")),
+        # TTSD's generate(): text 1.1 / 0.9 / 50; audio preset and max_new_tokens from
+        # generation_config.json, else 1.1 / 0.9 / 50 / 1.1 and 1000
         Member("moss-ttsd", "MOSS-TTSD-v1.0", "OpenMOSS-Team/MOSS-TTSD-v1.0", 16, "Qwen3-8B",
-               1.1, 0.9, 50, 1.1, "as-given", ("text", "speakers", "prefix")),
+               1.1, 0.9, 50, 1.1, "as-given", ("text", "speakers", "prefix"),
+               template="moss-ttsd", text_preset=(1.1, 0.9, 50), normalizer="ttsd",
+               reads_generation_config=True, max_new_tokens=1000, source=TTSD_SOURCE),
         Member("moss-voice-generator", "MOSS-VoiceGenerator", "OpenMOSS-Team/MOSS-VoiceGenerator", 16,
                "Qwen3-1.7B", 1.5, 0.6, 50, 1.1, "as-given", ("text", "instruction")),
         Member("moss-sound-effect", "MOSS-SoundEffect", "OpenMOSS-Team/MOSS-SoundEffect", 16, "Qwen3-8B",
                1.5, 0.6, 50, 1.2, "as-given", ("ambient_sound", "sound_event", "tokens")),
     )
-}
+}  # fmt: skip
 DEFAULT_KIND: ModelKind = "moss-tts"
 
 # Longest patterns first: "moss-tts-v1.5" must not read as "moss-tts".

@@ -5,9 +5,10 @@ official pipeline does; the audio channels are pad except on the reference
 blocks' slot rows, which carry the reference codes in delay layout. A last
 ``<|audio_start|>`` row puts the model in audio mode.
 
-The whole family (contract section 8) builds its prompts here, as the official
-PyTorch processor does: any ``n_vq``; one reference block per dialogue speaker
-(``[S{i}]:\n<block>``, joined by ``\n``); and continuation, where an assistant
+The whole family (contract section 8) builds its prompts here, as each member's own
+processor does (its template, ``TEMPLATES``): any ``n_vq``; one reference block per
+dialogue speaker (``[S{i}]:\n<block>``, joined by ``\n``; MOSS-TTSD's processor also lists
+a speaker without a voice, ``[S{i}]: None``); and continuation, where an assistant
 audio block of prefix codes follows the user turn and the prompt is cut after
 its gen-slot rows (the prompt then ends mid delay ramp, already in audio mode,
 so no ``<|audio_start|>`` row is added). In generation mode the official
@@ -73,26 +74,37 @@ class PromptSpec:
     language: str | None = None
     references: tuple[np.ndarray | None, ...] = ()
     prefix_codes: np.ndarray | None = None
-    scene: str | None = None  # only templates with a "Scene" line (TEMPLATES) take it
+    # no template writes a scene (MOSS-TTSD's writes "- Scene:\nNone" whatever is asked): set,
+    # it is an error naming why (check_template_fields)
+    scene: str | None = None
 
 
 # -- the user turn's field lines, per template ---------------------------------------------------
 #
 # A template is the list of "- Label:\n<value>" lines between "- Reference(s):" and "- Text:",
-# each naming the PromptSpec field it writes, or None for a line always written "None". A
-# member names its template (core/family.py); the engine config's ``prompt_template`` picks
-# another. A field a request sets that its template does not write is an error, never dropped.
+# each naming the PromptSpec field it writes, or None for a line always written "None"; and how
+# it lists the references. A member names its template (core/family.py); the engine config's
+# ``prompt_template`` picks another. A field a request sets that its template does not write is
+# an error naming why, never dropped.
 FIELDS: tuple[str, ...] = PROMPT_FIELDS  # request/fields.py's PromptFields: the one list
 
 
 @dataclass(frozen=True, slots=True)
 class PromptTemplate:
-    """One prompt template: its lines after ``- Reference(s):``, up to ``- Text:``."""
+    """One prompt template: its lines after ``- Reference(s):``, up to ``- Text:``.
+
+    ``by_position``: the references are listed one per speaker position up to the highest
+    speaker with a voice, ``[S{i}]: None`` for one without (MOSS-TTSD's processor), and a
+    speaker tag without a voice is allowed (the model invents that voice). Otherwise only the
+    speakers with a voice are listed (numbered by position) and every tag needs a voice.
+    ``unwritten``: why a field the template does not write cannot be set.
+    """
 
     name: str
     lines: tuple[tuple[str, str | None], ...]  # (label, PromptSpec field or None: "None")
-    confirmed: bool  # checked against the official processor's output (docs/family.md)
-    note: str
+    source: str  # the processor it is read from (docs/family.md)
+    by_position: bool = False
+    unwritten: str = ""
 
     def fields(self) -> frozenset[str]:
         return frozenset(f for _, f in self.lines if f is not None)
@@ -106,16 +118,18 @@ TEMPLATES: dict[str, PromptTemplate] = {
     t.name: t
     for t in (
         PromptTemplate(
-            "moss", _GITHUB_LINES, True,
-            "the GitHub processor's (MossTTSDelayProcessor.build_user_message); every member's default",
+            "moss", _GITHUB_LINES,
+            "OpenMOSS/MOSS-TTS moss_tts_delay/processing_moss_tts.py (UserMessage, the GitHub "
+            "processor)",
         ),
         PromptTemplate(
-            "moss-ttsd-scene",
-            (("Instruction", "instruction"), ("Scene", "scene"), ("Tokens", None),
-             *_GITHUB_LINES[2:]),
-            False,
-            "MOSS-TTSD's checkpoint processor as a third party read it: a Scene line, Tokens "
-            "always None (unconfirmed: docs/family.md says how to check it)",
+            "moss-ttsd",
+            (("Instruction", "instruction"), ("Tokens", None), *_GITHUB_LINES[2:], ("Scene", None)),
+            "MOSS-TTSD-v1.0's own processing_moss_tts.py (UserMessage; byte copy in "
+            "diodiogod/TTS-Audio-Suite engines/moss_tts/impl/ttsd/)",
+            by_position=True,
+            unwritten="MOSS-TTSD-v1.0's own processor writes Tokens and Scene as None whatever is "
+            "asked (the checkpoint ignores a duration and a scene): leave it out",
         ),
     )
 }  # fmt: skip
@@ -324,8 +338,22 @@ def unwritten_fields(tmpl: PromptTemplate, values: object) -> list[str]:
 
 def check_template_fields(tmpl: PromptTemplate, values: object) -> None:
     """A field set that the template does not write would be dropped silently: a FieldError
-    naming it (request/rules.py)."""
-    check_written(tmpl.name, tmpl.fields(), values)
+    naming it, and why when the template says (request/rules.py)."""
+    check_written(tmpl.name, tmpl.fields(), values, why=tmpl.unwritten)
+
+
+def reference_lines(refs: Sequence[object | None], tmpl: PromptTemplate, block: Callable[[int], str]) -> str:
+    """The ``- Reference(s):`` value for the voices by speaker position (``None``: no voice):
+    ``block(i)`` is voice i's audio block. Only the voiced speakers, numbered by position (the
+    GitHub processor); or, with ``tmpl.by_position``, every position up to the last voiced one,
+    ``[S{i}]: None`` for a speaker without a voice (MOSS-TTSD's). ``None`` when no one has a voice."""
+    last = max((i for i, r in enumerate(refs) if r is not None), default=-1)
+    lines = [
+        f"[S{i + 1}]:\n{block(i)}" if r is not None else f"[S{i + 1}]: None"
+        for i, r in enumerate(refs[: last + 1])
+        if r is not None or tmpl.by_position
+    ]
+    return "\n".join(lines) or "None"
 
 
 def _build(
@@ -349,7 +377,8 @@ def _build(
             f"tokens (duration in frames) must be a positive integer, got {spec.tokens!r}"
         )
     refs = _check_references(spec, ids)
-    check_tags_have_voices(text, refs)
+    if not tmpl.by_position:
+        check_tags_have_voices(text, refs)
     cont = _check_codes(spec.prefix_codes, ids, "prefix_codes")
     mk = _markers(tokenizer, ids)
     _check_fields(spec, text, mk)
@@ -357,9 +386,10 @@ def _build(
     k_n = ids.n_vq
     # (speaker number, codes, slot rows) of each given voice; a None keeps its number
     voices = [(i + 1, r, r.shape[0] + k_n - 1) for i, r in enumerate(refs) if r is not None]
-    ref_str = "\n".join(
-        f"[S{n}]:\n{mk.audio_start}{mk.user_slot * slots}{mk.audio_end}" for n, _, slots in voices
-    ) or "None"
+    slots_of = {n - 1: slots for n, _, slots in voices}
+    ref_str = reference_lines(
+        refs, tmpl, lambda i: f"{mk.audio_start}{mk.user_slot * slots_of[i]}{mk.audio_end}"
+    )
     head = (
         f"{mk.im_start}user\n<user_inst>\n"
         f"- Reference(s):\n{ref_str}\n"

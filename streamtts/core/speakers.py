@@ -2,9 +2,10 @@
 
 MOSS-TTSD reads one reference per speaker, numbered by position (reference ``i`` is the voice
 of ``[S{i+1}]``; a ``None`` entry keeps its number), and a text whose turns start with those
-tags. A tag whose speaker has no voice would be spoken in a voice the model invents, and a
-voice no tag uses is a mistake in the request: both are errors, found here before anything
-is generated.
+tags. A voice no tag uses is a mistake in the request: an error, found here before anything is
+generated. A tag whose speaker has no voice is spoken in a voice the model invents: MOSS-TTSD's
+own processor lists such a speaker (``[S1]: None``) and allows it (``voiceless=True``); a
+template that cannot say so (the GitHub processor's) makes it an error.
 """
 
 from __future__ import annotations
@@ -73,15 +74,17 @@ def check_tags_have_voices(text: str | None, references: Sequence[object | None]
             )
 
 
-def check_speakers(text: str | None, references: Sequence[object | None]) -> None:
-    """A dialogue's tags and voices match: every tag has a voice and every voice a tag.
+def check_speakers(text: str | None, references: Sequence[object | None], *, voiceless: bool = False) -> None:
+    """A dialogue's tags and voices match: every voice has a tag, and every tag a voice unless
+    ``voiceless`` (the template lists a speaker without one: MOSS-TTSD's).
 
     One reference and a text without tags is a plain voice clone (the voice is ``[S1]``).
     Check a request's whole text once: a segment of a long dialogue carries every speaker's
     voice but may hold only some of the tags. Raises :class:`InputError` naming the tag or
     the voice.
     """
-    check_tags_have_voices(text, references)
+    if not voiceless:
+        check_tags_have_voices(text, references)
     tags = speaker_tags(text)
     voiced = _voiced(references)
     if not tags and voiced in ([], ["S1"]):

@@ -45,6 +45,7 @@ from ..request.rules import check_sampling
 from ..request.voices import SegmentSpeakers
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
+from ..text.ttsd import normalize_ttsd
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,10 @@ class Preparer:
         self._encoder_lock = threading.Lock()
         self.n_ctx_seq = n_ctx_seq
 
+    def normalize(self, text: str) -> str:
+        """``text`` through the member's own normaliser (core/family.py ``normalizer``)."""
+        return normalize_ttsd(text) if self.member.normalizer == "ttsd" else normalize_text(text)
+
     # -- reference voices -----------------------------------------------------------------
     def encoder(self) -> AudioEncoder:
         with self._encoder_lock:  # loaded on first use: most requests never need it
@@ -130,10 +135,11 @@ class Preparer:
 
     def _speakers(self, ordered: tuple[ReferenceLike, ...], speakers: SpeakersLike, text: str | None) -> dict[str, Voice]:
         """The dialogue's voices (``S1`` -> Voice; ``ordered``: by position), checked against
-        the text's tags: every tag has a voice (the prompt builder checks it, for every
-        prompt); every voice a tag, unless this is one segment of a longer dialogue."""
+        the text's tags: every tag has a voice unless the template lists a speaker without one
+        (MOSS-TTSD's; the prompt builder checks it, for every prompt); every voice a tag,
+        unless this is one segment of a longer dialogue."""
         if not isinstance(speakers, SegmentSpeakers):
-            check_speakers(text, ordered)
+            check_speakers(text, ordered, voiceless=self.prompts.template.by_position)
         out: dict[str, Voice] = {}
         for i, v in enumerate(ordered):
             voice = self.voice_for(v, f"speakers.S{i + 1}")
@@ -196,7 +202,7 @@ class Preparer:
                 "POST /v1/audio/speech cut text into segments and take more)"
             )
         normalize = self.cfg.normalize_text if options.normalize is None else options.normalize
-        clean = normalize_text(text) if normalize else text
+        clean = self.normalize(text) if normalize else text
         sound_only = not clean.strip() and options.ambient_sound is not None
         if not sound_only:
             if not clean.strip():

@@ -17,13 +17,27 @@ import ctypes
 import numpy as np
 
 from ..core.sampling import AUDIO_STREAM, TEXT_STREAM, stream_salt
-from ..errors import NonFiniteLogitsError
+from ..errors import NativeLibraryError, NonFiniteLogitsError
 from ..model._llama import SttDelayStates, ptr
 from .entries import Unreadable, check_range
 from .spec import SpecDelayStep
 from .tick_pool import TickPool
 
 _DONE, _NEEDS_TEXT, _BAD_SLOTS, _BAD_TEXT, _BAD_AUDIO = 0, 1, 2, 3, 4
+
+
+def _check_seen_rows(lib: ctypes.CDLL, rows: int) -> None:
+    """The bridge indexes ``seen`` as the states hold it (rows per slot), or it is refused."""
+    fn = getattr(lib, "stt_delay_seen_rows", None)
+    if fn is not None:
+        fn.restype = ctypes.c_int32
+        fn.argtypes = []
+    got = int(fn()) if fn is not None else None
+    if got != rows:
+        raise NativeLibraryError(
+            f"the llama.cpp bridge keeps {got or 'one per codebook'} penalty histories per stream, "
+            f"streamtts {rows}: it was built from older sources; rebuild it with native/build.sh"
+        )
 
 
 class DelayStepTwin:
@@ -44,6 +58,7 @@ class DelayStepTwin:
             raise Unreadable(f"buffers of {r} rows must be pair ({r}, 2), audio ({r}, {k}, {a}), out int64 ({r}, {1 + k})")
         if not _readable(pair, audio, out):
             raise Unreadable("logits must be float32 with whole-element strides and rows out contiguous")
+        _check_seen_rows(lib, states.seen.shape[1])
         arrays = {
             "audio_length": (states.audio_length, np.int64),
             "delayed_length": (states.delayed_length, np.int64),

@@ -28,7 +28,8 @@ class PromptFields(msgspec.Struct, frozen=True, kw_only=True):
     sound_event: str | None = None
     ambient_sound: str | None = None
     language: str | None = None  # an ISO code or a name; the member's own form is written
-    # the "Scene" field of the prompt templates that have one (EngineConfig.prompt_template)
+    # no template writes a scene (MOSS-TTSD's processor writes "Scene: None" whatever is
+    # asked): set, it is an error saying so (core/prompt.py check_template_fields)
     scene: str | None = None
 
 

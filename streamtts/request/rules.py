@@ -76,13 +76,16 @@ def unwritten_fields(written: Iterable[str], values: object) -> list[str]:
     return [f for f in PROMPT_FIELDS if getattr(values, f, None) is not None and f not in kept]
 
 
-def check_written(name: str, written: Iterable[str], values: object) -> None:
+def check_written(name: str, written: Iterable[str], values: object, *, why: str = "") -> None:
     """A field set that the template ``name`` does not write would be dropped silently: an
-    error naming every such field (``field``: the first)."""
+    error naming every such field (``field``: the first), and ``why`` the template leaves it
+    out when it says (MOSS-TTSD's: its processor writes ``None`` whatever is asked)."""
     unused = unwritten_fields(written, values)
     if unused:
+        kept = sorted(written)
         raise FieldError(
             unused[0],
-            f"{', '.join(unused)}: not a field of the prompt template {name!r} "
-            f"(its fields: {', '.join(sorted(written))}; EngineConfig.prompt_template picks another)",
-        )
+            f"{', '.join(unused)}: "
+            + (why or f"not a field of the prompt template {name!r} (its fields: {', '.join(kept)}; "
+               "EngineConfig.prompt_template picks another)"),
+        )  # fmt: skip

@@ -341,7 +341,10 @@ async def _voice_fields(
     speakers, prefix = await resolve_voices(state, req.speakers, req.prefix)
     if speakers:
         try:
-            check_speakers(f"{req.prefix_text or ''} {req.input}", speaker_tuple(speakers))
+            check_speakers(
+                f"{req.prefix_text or ''} {req.input}", speaker_tuple(speakers),
+                voiceless=state.engine.prompt_template.by_position,
+            )  # fmt: skip
         except InputError as exc:
             raise SpeechRequestError(ErrorCode.INVALID_OPTION, "speakers", str(exc)) from None
     return speakers, prefix

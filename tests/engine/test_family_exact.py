@@ -27,9 +27,11 @@ from streamtts.demo.codec import write_codec
 from streamtts.request import StreamOptions, Voice
 
 CASES = ("generation", "clone", "dialogue", "continuation", "sound")
-# the folder names convert-hf reads the member from: v1.5 sends `language` as a name, as the
-# fixture's generation case does; a 16-codebook member (TTSD) sends it as given
-MEMBER_FOLDER = {"nvq32": "MOSS-TTS-v1.5", "nvq16": "MOSS-TTSD-v1.0"}
+# the folder name convert-hf reads the member from: these cases were made with the GitHub
+# processor and generate() (v1.5's), so both shapes are served as v1.5 (its template, its
+# normaliser, `language` as a name); the 16-codebook members' own code is tested in
+# test_ttsd_exact.py (MOSS-TTSD) and tests/core/test_prompt_templates.py
+MEMBER_FOLDER = {"nvq32": "MOSS-TTS-v1.5", "nvq16": "MOSS-TTS-v1.5"}
 N_VQ = {"nvq32": 32, "nvq16": 16}
 
 

@@ -205,20 +205,23 @@ def test_sync_engine_takes_the_same_arguments(demo_model_dir: Path) -> None:
         assert rows.shape[1] == 33 and rows.shape[0] >= 1
 
 
-def test_the_configs_prompt_template_writes_the_scene(demo_model_dir: Path) -> None:
-    """``prompt_template`` in the engine config picks the template every prompt is built with;
-    an unknown one fails the load, naming the known ones."""
+def test_the_configs_prompt_template_picks_the_template(demo_model_dir: Path) -> None:
+    """``prompt_template`` in the engine config picks the template every prompt is built with
+    (here MOSS-TTSD's on the demo model): its rules come with it (a tag without a voice allowed,
+    a field it does not write refused naming why); an unknown one fails the load, naming the
+    known ones."""
     from streamtts.core.prompt import HFTokenizer
     from streamtts.errors import ConfigError
 
     with SyncEngine(demo_model_dir / "config.yaml", max_streams=1, n_threads=2, warmup=False,
-                    prompt_template="moss-ttsd-scene") as tts:  # fmt: skip
-        with pytest.raises(InputError, match="tokens: not a field of the prompt template 'moss-ttsd-scene'"):
+                    prompt_template="moss-ttsd") as tts:  # fmt: skip
+        with pytest.raises(InputError, match="tokens: MOSS-TTSD-v1.0's own processor writes Tokens and Scene as None"):
             list(tts.stream("Hi.", options=StreamOptions(seed=1, max_new_tokens=36, tokens=20)))
-        got = list(tts.stream("Hi.", options=StreamOptions(seed=1, max_new_tokens=36, scene="a quiet studio", rows=True)))
+        v = Voice.from_codes(codes(6))
+        got = list(tts.stream("[S1] Hi. [S2] Yo.", speakers={"S2": v}, options=StreamOptions(seed=1, max_new_tokens=36)))
         assert got
-        prompt = tts.engine._preparer.prompts.build(PromptSpec(text="Hi.", scene="a quiet studio")).rows
+        prompt = tts.engine._preparer.prompts.build(PromptSpec(text="[S1] Hi.", references=(None, v.codes))).rows
         text = HFTokenizer(tts.engine.config.tokenizer_dir).decode([int(t) for t in prompt[:, 0]])
-        assert "- Scene:\na quiet studio\n- Tokens:\nNone\n" in text
+        assert "- Reference(s):\n[S1]: None\n[S2]:\n" in text and "- Scene:\nNone\n- Text:\n[S1] Hi." in text
     with pytest.raises(ConfigError, match="unknown prompt_template 'nope'"):
         SyncEngine(demo_model_dir / "config.yaml", max_streams=1, n_threads=2, warmup=False, prompt_template="nope")

@@ -1,0 +1,114 @@
+"""MOSS-TTSD-v1.0 served exactly as its own checkpoint code serves it: the five cases of
+tests/fixtures/ttsd (made with the checkpoint's own processor and ``generate()``), prompt rows
+and generated rows.
+
+The checkpoint is converted by name (a folder called ``MOSS-TTSD-v1.0``, with the published
+generation_config.json) with ``--quant F32``, so the bundle's own defaults are what is under
+test: TTSD's template, references listed by position, the audio repetition penalty 1.1 from
+generation_config.json. The cases called ``generate()`` with both temperatures 0 and that
+penalty; so do we (the bundle's sampling with the temperatures set to 0), greedily in float32
+end to end (``kv_cache_type_k/v: f32``, flash attention off, no prefix cache). Generation mode:
+our prompt carries the ``<|audio_start|>`` row ``generate()`` chooses first (tests/engine/
+test_family_exact.py says why); continuation: both identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+from fixtures.ttsd import CASES, cases_dir, ttsd_checkpoint
+
+from streamtts import Engine
+from streamtts.convert.hf import convert_hf
+from streamtts.demo.codec import write_codec
+from streamtts.request import StreamOptions, Voice
+
+
+@pytest.fixture(scope="module")
+def engine(
+    tmp_path_factory: pytest.TempPathFactory, bridge_lib: Any
+) -> Iterator[tuple[Engine, asyncio.AbstractEventLoop, Path]]:
+    root = tmp_path_factory.mktemp("ttsd")
+    src = ttsd_checkpoint(root / "src")
+    bundle = root / "MOSS-TTSD-GGUF"
+    convert_hf(src, bundle, ["F32"], gpu=False)
+    write_codec(root / "MOSS-Audio-Tokenizer-ONNX", n_vq=16)
+    eng = Engine.from_config(
+        bundle / "config.yaml", n_threads=1, max_streams=2, flash_attn="off", prefix_cache_mib=0,
+    )  # fmt: skip
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(eng.start())
+    yield eng, loop, bundle
+    loop.run_until_complete(eng.aclose())
+    loop.close()
+
+
+def _case(name: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    d = cases_dir()
+    meta = json.loads((d / f"{name}.json").read_text(encoding="utf-8"))
+    return meta, np.load(d / f"{name}.prompt.npy"), np.load(d / f"{name}.out.npy")
+
+
+def _run(eng: Engine, loop: asyncio.AbstractEventLoop, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt rows, generated rows) of the case through Engine.stream, as a user would ask:
+    a voice for each speaker that has one (none for the others), the text as given."""
+    meta, _, _ = _case(name)
+    d = cases_dir()
+    user = dict(meta["user"])
+    text = user.pop("text")
+    speakers = {f"S{i + 1}": Voice.from_codes(np.load(d / f)) for i, f in enumerate(meta["references"]) if f}
+    kw: dict[str, Any] = {"speakers": speakers} if speakers else {}
+    if meta["prefix"]:
+        kw["prefix"] = Voice.from_codes(np.load(d / meta["prefix"]))
+    # the bundle's sampling (TTSD's preset, generation_config.json's penalty), greedy
+    sampling = msgspec.structs.replace(eng.config.sampling, text_temperature=0.0, audio_temperature=0.0)
+    opts = StreamOptions(
+        sampling=sampling, max_new_tokens=meta["max_new_tokens"], rows=True, normalize=False, **user
+    )
+
+    async def main() -> tuple[np.ndarray, np.ndarray]:
+        rows: list[np.ndarray] = []
+        s = eng.stream(text, options=opts, **kw)
+        async with s:
+            async for chunk in s:
+                if chunk.rows is not None:
+                    rows.append(chunk.rows)
+        assert s.prompt is not None
+        return s.prompt, np.concatenate(rows)
+
+    return loop.run_until_complete(main())
+
+
+def test_the_bundle_is_ttsds(engine: tuple[Engine, asyncio.AbstractEventLoop, Path]) -> None:
+    """Converted by name: TTSD's template, its generate()'s text preset, generation_config.json's
+    audio preset and length, a context that holds that length after a long prompt."""
+    eng, _, bundle = engine
+    cfg = eng.config
+    assert eng.prompt_template.name == "moss-ttsd"
+    assert (cfg.text_temperature, cfg.text_top_p, cfg.text_top_k) == (1.1, 0.9, 50)
+    assert (cfg.audio_temperature, cfg.audio_top_p, cfg.audio_top_k, cfg.audio_repetition_penalty) == (
+        1.1, 0.9, 50, 1.1,
+    )  # fmt: skip
+    assert cfg.max_new_tokens == 2000 and cfg.n_ctx >= 2000 + 1024
+    assert "max_new_tokens: 2000" in (bundle / "config.yaml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_ttsd_case_exactly(engine: tuple[Engine, asyncio.AbstractEventLoop, Path], name: str) -> None:
+    eng, loop, _ = engine
+    meta, want_prompt, want_rows = _case(name)
+    prompt, rows = _run(eng, loop, name)
+    if meta["mode"] == "continuation":
+        np.testing.assert_array_equal(prompt, want_prompt)
+        np.testing.assert_array_equal(rows[: want_rows.shape[0]], want_rows)
+    else:
+        np.testing.assert_array_equal(prompt[:-1], want_prompt)
+        np.testing.assert_array_equal(prompt[-1], want_rows[0])
+        np.testing.assert_array_equal(rows[: want_rows.shape[0] - 1], want_rows[1:])
