@@ -300,6 +300,34 @@ def test_generation_config_wins_for_its_keys(tmp_path: Path, caplog: pytest.LogC
     assert "temperature, top_p, top_k, do_sample not used" in caplog.text
 
 
+def test_ttsds_generate_reads_its_generation_config(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """MOSS-TTSD's own generate() reads generation_config.json's plain temperature / top_p /
+    top_k / repetition_penalty as its audio preset, and max_new_tokens: the bundle gets them,
+    and a context that holds that generation after a long prompt."""
+    src = family_checkpoint("nvq16", tmp_path, name="MOSS-TTSD-v1.0")
+    _write_json(src / "generation_config.json", {
+        "max_new_tokens": 8192, "temperature": 1.0, "top_p": 0.95, "top_k": 40,
+        "repetition_penalty": 1.05, "do_sample": True,
+    })  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="streamtts.convert.member"):
+        res = convert_hf(src, tmp_path / "bundle", ["F16"], gpu=False)
+    assert res.sampling == {
+        "text_temperature": 1.1, "text_top_p": 0.9, "text_top_k": 50, "audio_temperature": 1.0,
+        "audio_top_p": 0.95, "audio_top_k": 40, "audio_repetition_penalty": 1.05,
+    }  # fmt: skip
+    yaml_text = (tmp_path / "bundle" / "config.yaml").read_text()
+    assert "max_new_tokens: 8192\n" in yaml_text and "n_ctx: 9216\n" in yaml_text
+    assert "do_sample not used" in caplog.text
+    # without one: generate()'s own fallbacks (1000 steps), the default context
+    bare = family_checkpoint("nvq16", tmp_path / "b", name="MOSS-TTSD-v1.0")
+    convert_hf(bare, tmp_path / "bundle2", ["F16"], gpu=False)
+    yaml_text = (tmp_path / "bundle2" / "config.yaml").read_text()
+    assert "max_new_tokens: 1000\n" in yaml_text and "n_ctx: 4096\n" in yaml_text
+    _write_json(bare / "generation_config.json", {"max_new_tokens": 0})
+    with pytest.raises(ModelFileError, match="max_new_tokens as a positive integer"):
+        convert_hf(bare, tmp_path / "bundle3", ["F16"], gpu=False)
+
+
 def test_generation_config_layers_form(tmp_path: Path) -> None:
     """MOSS-TTS-Local's form: one dict per channel, text first; a top-level key wins."""
     src = family_checkpoint("nvq16", tmp_path, name="MOSS-TTSD-v1.0")

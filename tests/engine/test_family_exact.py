@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fixtures.family import Shape, cases_dir, family_checkpoint
+from official_rows import assert_official, stream_rows
 
 from streamtts import Engine, SamplingParams
 from streamtts.convert.hf import convert_hf
@@ -79,18 +80,7 @@ def _run(eng: Engine, loop: asyncio.AbstractEventLoop, shape: Shape, name: str) 
     opts = StreamOptions(
         sampling=SamplingParams.greedy(), max_new_tokens=meta["max_new_tokens"], rows=True, **user
     )
-
-    async def main() -> tuple[np.ndarray, np.ndarray]:
-        rows: list[np.ndarray] = []
-        s = eng.stream(text, options=opts, **kw)
-        async with s:
-            async for chunk in s:
-                if chunk.rows is not None:
-                    rows.append(chunk.rows)
-        assert s.prompt is not None
-        return s.prompt, np.concatenate(rows)
-
-    return loop.run_until_complete(main())
+    return stream_rows(eng, loop, text, opts, **kw)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -98,10 +88,4 @@ def test_official_case_exactly(engine: tuple[Shape, Engine, asyncio.AbstractEven
     shape, eng, loop = engine
     meta, want_prompt, want_rows = _case(shape, name)
     prompt, rows = _run(eng, loop, shape, name)
-    if meta["mode"] == "continuation":
-        np.testing.assert_array_equal(prompt, want_prompt)
-        np.testing.assert_array_equal(rows[: want_rows.shape[0]], want_rows)
-    else:
-        np.testing.assert_array_equal(prompt[:-1], want_prompt)
-        np.testing.assert_array_equal(prompt[-1], want_rows[0])
-        np.testing.assert_array_equal(rows[: want_rows.shape[0] - 1], want_rows[1:])
+    assert_official(meta["mode"], prompt, rows, want_prompt, want_rows)

@@ -7,9 +7,8 @@ generation_config.json) with ``--quant F32``, so the bundle's own defaults are w
 test: TTSD's template, references listed by position, the audio repetition penalty 1.1 from
 generation_config.json. The cases called ``generate()`` with both temperatures 0 and that
 penalty; so do we (the bundle's sampling with the temperatures set to 0), greedily in float32
-end to end (``kv_cache_type_k/v: f32``, flash attention off, no prefix cache). Generation mode:
-our prompt carries the ``<|audio_start|>`` row ``generate()`` chooses first (tests/engine/
-test_family_exact.py says why); continuation: both identical.
+end to end (``kv_cache_type_k/v: f32``, flash attention off, no prefix cache); rows compared as for
+the family's cases (official_rows.py).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import msgspec
 import numpy as np
 import pytest
 from fixtures.ttsd import CASES, cases_dir, ttsd_checkpoint
+from official_rows import assert_official, stream_rows
 
 from streamtts import Engine
 from streamtts.convert.hf import convert_hf
@@ -72,18 +72,7 @@ def _run(eng: Engine, loop: asyncio.AbstractEventLoop, name: str) -> tuple[np.nd
     opts = StreamOptions(
         sampling=sampling, max_new_tokens=meta["max_new_tokens"], rows=True, normalize=False, **user
     )
-
-    async def main() -> tuple[np.ndarray, np.ndarray]:
-        rows: list[np.ndarray] = []
-        s = eng.stream(text, options=opts, **kw)
-        async with s:
-            async for chunk in s:
-                if chunk.rows is not None:
-                    rows.append(chunk.rows)
-        assert s.prompt is not None
-        return s.prompt, np.concatenate(rows)
-
-    return loop.run_until_complete(main())
+    return stream_rows(eng, loop, text, opts, **kw)
 
 
 def test_the_bundle_is_ttsds(engine: tuple[Engine, asyncio.AbstractEventLoop, Path]) -> None:
@@ -105,10 +94,28 @@ def test_ttsd_case_exactly(engine: tuple[Engine, asyncio.AbstractEventLoop, Path
     eng, loop, _ = engine
     meta, want_prompt, want_rows = _case(name)
     prompt, rows = _run(eng, loop, name)
-    if meta["mode"] == "continuation":
-        np.testing.assert_array_equal(prompt, want_prompt)
-        np.testing.assert_array_equal(rows[: want_rows.shape[0]], want_rows)
-    else:
-        np.testing.assert_array_equal(prompt[:-1], want_prompt)
-        np.testing.assert_array_equal(prompt[-1], want_rows[0])
-        np.testing.assert_array_equal(rows[: want_rows.shape[0] - 1], want_rows[1:])
+    assert_official(meta["mode"], prompt, rows, want_prompt, want_rows)
+
+
+def test_normalisation_is_ttsds_own(engine: tuple[Engine, asyncio.AbstractEventLoop, Path]) -> None:
+    """With normalisation on (the default), a TTSD model's text goes through MOSS-TTSD's own
+    ``normalize_text`` (text/ttsd.py), not the GitHub processor's v1.5 normaliser."""
+    from streamtts.core.prompt import PromptSpec
+    from streamtts.text.normalize import normalize_text
+    from streamtts.text.ttsd import normalize_ttsd
+
+    eng, loop, _ = engine
+    text = "[1] Well... it rained; a lot! [2] Ha ha, really?"
+    assert normalize_ttsd(text) != normalize_text(text)
+
+    async def main() -> np.ndarray:
+        s = eng.stream(text, options=StreamOptions(seed=1, max_new_tokens=2))
+        async with s:
+            async for _ in s:
+                pass
+        assert s.prompt is not None
+        return s.prompt
+
+    prompt = loop.run_until_complete(main())
+    want = eng._preparer.prompts.build(PromptSpec(text=normalize_ttsd(text))).rows
+    np.testing.assert_array_equal(prompt, want)
