@@ -95,8 +95,11 @@ MEMBERS: dict[str, Member] = {
                reads_generation_config=True, max_new_tokens=1000, source=TTSD_SOURCE),
         Member("moss-voice-generator", "MOSS-VoiceGenerator", "OpenMOSS-Team/MOSS-VoiceGenerator", 16,
                "Qwen3-1.7B", 1.5, 0.6, 50, 1.1, "as-given", ("text", "instruction")),
+        # its own processor: the GitHub template, a duration of 125 frames (10 s) when none is given
         Member("moss-sound-effect", "MOSS-SoundEffect", "OpenMOSS-Team/MOSS-SoundEffect", 16, "Qwen3-8B",
-               1.5, 0.6, 50, 1.2, "as-given", ("ambient_sound", "sound_event", "tokens")),
+               1.5, 0.6, 50, 1.2, "as-given", ("ambient_sound", "sound_event", "tokens"),
+               template="moss-sound-effect",
+               source="MOSS-SoundEffect's own processing_moss_tts.py (the GitHub one, tokens=125 by default)"),
     )
 }  # fmt: skip
 DEFAULT_KIND: ModelKind = "moss-tts"

@@ -97,7 +97,9 @@ class PromptTemplate:
     speaker with a voice, ``[S{i}]: None`` for one without (MOSS-TTSD's processor), and a
     speaker tag without a voice is allowed (the model invents that voice). Otherwise only the
     speakers with a voice are listed (numbered by position) and every tag needs a voice.
-    ``unwritten``: why a field the template does not write cannot be set.
+    ``unwritten``: why a field the template does not write cannot be set. ``defaults``: what
+    a line says when the request leaves its field unset (else ``None``), as the processor's
+    own default argument says (MOSS-SoundEffect's ``tokens=125``).
     """
 
     name: str
@@ -105,6 +107,7 @@ class PromptTemplate:
     source: str  # the processor it is read from (docs/family.md)
     by_position: bool = False
     unwritten: str = ""
+    defaults: tuple[tuple[str, object], ...] = ()  # (PromptSpec field, value when unset)
 
     def fields(self) -> frozenset[str]:
         return frozenset(f for _, f in self.lines if f is not None)
@@ -130,6 +133,12 @@ TEMPLATES: dict[str, PromptTemplate] = {
             by_position=True,
             unwritten="MOSS-TTSD-v1.0's own processor writes Tokens and Scene as None whatever is "
             "asked (the checkpoint ignores a duration and a scene): leave it out",
+        ),
+        PromptTemplate(
+            "moss-sound-effect", _GITHUB_LINES,
+            "MOSS-SoundEffect's own processing_moss_tts.py: the GitHub template, build_user_message's "
+            "tokens defaulting to 125 (hub commit 1ff7f84, 'adjust default value for tokens')",
+            defaults=(("tokens", 125),),
         ),
     )
 }  # fmt: skip
@@ -324,10 +333,16 @@ def _check_fields(spec: PromptSpec, text: str | None, markers: _Markers) -> None
 def field_lines(spec: PromptSpec, tmpl: PromptTemplate) -> str:
     """The template's lines between ``- Reference(s):`` and ``- Text:`` for ``spec``, as the
     prompt's text holds them (to compare with a processor's user message)."""
+    unset = dict(tmpl.defaults)
     return "".join(
-        f"- {label}:\n{_field(None if name is None else getattr(spec, name))}\n"
+        f"- {label}:\n{_field(None if name is None else _value(spec, name, unset))}\n"
         for label, name in tmpl.lines
     )
+
+
+def _value(spec: PromptSpec, name: str, unset: dict[str, object]) -> object:
+    value = getattr(spec, name)
+    return unset.get(name) if value is None else value
 
 
 def unwritten_fields(tmpl: PromptTemplate, values: object) -> list[str]:

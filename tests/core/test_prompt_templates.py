@@ -59,7 +59,7 @@ def _user_message(tok: HFTokenizer, rows: np.ndarray) -> str:
 def test_the_members_templates() -> None:
     assert {k: m.template for k, m in MEMBERS.items()} == {
         "moss-tts": DEFAULT_TEMPLATE, "moss-tts-v1.5": DEFAULT_TEMPLATE, "moss-ttsd": "moss-ttsd",
-        "moss-voice-generator": DEFAULT_TEMPLATE, "moss-sound-effect": DEFAULT_TEMPLATE,
+        "moss-voice-generator": DEFAULT_TEMPLATE, "moss-sound-effect": "moss-sound-effect",
     }  # fmt: skip
     spec = PromptSpec(text="Hi.", instruction="calm", tokens=20, quality="high", sound_event="door",
                       ambient_sound="rain", language="English")  # fmt: skip
@@ -69,6 +69,17 @@ def test_the_members_templates() -> None:
     assert field_lines(PromptSpec(text="Hi."), TEMPLATES["moss"]) == CONTRACT_LINES.format(
         **{f: None for f in FIELDS if f != "scene"}
     )
+
+
+def test_sound_effect_asks_for_125_frames_unless_told() -> None:
+    """MOSS-SoundEffect's processor: ``build_user_message(..., tokens=125, ...)``, so a request
+    without a duration writes ``- Tokens:\n125`` (10 s); one with a duration writes it."""
+    t = TEMPLATES["moss-sound-effect"]
+    assert t.fields() == TEMPLATES["moss"].fields()
+    sound = PromptSpec(text=None, ambient_sound="rain on a tin roof")
+    assert "- Tokens:\n125\n" in field_lines(sound, t)
+    assert "- Tokens:\n40\n" in field_lines(PromptSpec(text=None, ambient_sound="rain", tokens=40), t)
+    assert "- Tokens:\nNone\n" in field_lines(sound, TEMPLATES["moss"])
 
 
 @pytest.mark.parametrize("name", CASES)
