@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .files import WrittenFiles
+from .model.files import register
+
 __version__ = "0.1.0"
+
+# the runtime calls the model-files step (demo model, fused GGUF); the tooling writes them
+register(WrittenFiles())
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "AudioChunk", "load_config", "__version__"]
 

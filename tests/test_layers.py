@@ -21,7 +21,6 @@ LAYERS: dict[str, int] = {
     "streamtts.paths": 0,
     "streamtts.constants": 0,
     "streamtts.config": 1,
-    "streamtts.checkpoint": 1,
     "streamtts.request": 2,
     "streamtts.core": 3,
     "streamtts.text": 3,
@@ -31,22 +30,23 @@ LAYERS: dict[str, int] = {
     "streamtts.codec": 4,
     # the per-step kernels: NumPy specifications (core) and their compiled twins (the bridge)
     "streamtts.kernels": 5,
-    # offline tooling: the codec's graph builders, checkpoint/GGUF conversion and downloads
-    "streamtts.codec.build": 5,
-    "streamtts.convert": 6,
-    # writes synthetic models through the model and codec writers; the engine loads it by default
-    "streamtts.demo": 7,
-    "streamtts.engine": 8,
-    "streamtts.server": 9,
-    # the public face (client, sync, the package itself): may use everything below
-    "streamtts": 10,
+    "streamtts.engine": 6,
+    "streamtts.server": 7,
+    # offline tooling, above the whole runtime (which calls it only through model/files.py's
+    # step, registered by the package): checkpoint/GGUF conversion and downloads, the codec's
+    # graph builders (they read checkpoints), and the synthetic demo model (written through both)
+    "streamtts.convert": 8,
+    "streamtts.codec.build": 9,
+    "streamtts.demo": 10,
+    # the public face (client, sync, the package itself, the model-files step): may use everything below
+    "streamtts": 11,
     # the command line: parses, checks, and calls everything below
-    "streamtts.cli": 11,
+    "streamtts.cli": 12,
     # framework plugins (Pipecat, LiveKit): clients of the server built on streamtts.client
     # (its sessions and contexts), so one step above the top-level modules
-    "streamtts.integrations": 11,
+    "streamtts.integrations": 12,
     # `python -m streamtts`: the command line's entry point
-    "streamtts.__main__": 12,
+    "streamtts.__main__": 13,
 }
 CORE_FORBIDDEN = ("threading", "ctypes", "asyncio", "onnx", "onnxruntime", "queue",
                   "concurrent", "multiprocessing", "socket", "tensorrt")

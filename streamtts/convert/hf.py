@@ -50,9 +50,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..checkpoint import Checkpoint
 from ..errors import ModelFileError
 from ..paths import gguf_writer_at, quiet_gguf
+from .checkpoint import Checkpoint
 from .config_file import config_yaml, gguf_file_name
 from .hf_source import (
     MossConfig,

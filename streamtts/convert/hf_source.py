@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
 from ..core.tokens import KEYS, TokenIds
 from ..errors import ModelFileError
+from .checkpoint import INDEX_FILE, SINGLE_FILE, Checkpoint
 from .qwen3_gguf import Qwen3Shape
 
 log = logging.getLogger(__name__)

@@ -77,6 +77,7 @@ import numpy as np
 from ..constants import N_VQ
 from ..convert.qwen3_gguf import Qwen3Shape
 from ..core.tokens import TokenIds
+from ..model.files import MARKER
 from ..paths import cache_dir, quiet_gguf
 from .codec import write_codec
 from .numpy_forward import Qwen3NumpyForward
@@ -89,7 +90,6 @@ DEMO_MODEL_VERSION = "2"
 
 V_TEXT = 151936  # Qwen3's padded text vocabulary (embedding / text head rows)
 GGUF_NAME = "MOSS_TTS_Q4_K_M.gguf"  # the official file name (contents are f16 here)
-MARKER = "streamtts-demo.json"
 
 # Reserved residual dimensions (see the module docstring).
 DIM_CONST, DIM_COUNT_IN, DIM_COUNTER = 0, 1, 2
@@ -529,16 +529,6 @@ def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
         target,
     )
     return target / "config.yaml"
-
-
-def demo_marker(config_path: str | Path) -> dict[str, Any] | None:
-    """What the demo model next to ``config_path`` is (preset, seed, ...), or None when the
-    config is not a demo model's."""
-    try:
-        marker = json.loads((Path(config_path).parent / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
 
 
 def demo_model_main(

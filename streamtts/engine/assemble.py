@@ -18,7 +18,6 @@ from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, InputError, ModelFileError
 from .backbone_calls import BackboneFactory, BackboneLike
 from .decoding import DecodeWorker, StreamingCodec, WindowedCodec
-from .fuse_progress import FuseProgress
 from .loop import EngineCore
 from .prepare import Preparer
 from .priority import thread_ids
@@ -89,7 +88,7 @@ def kv_bytes_per_cell(hp: dict[str, int], type_k: str, type_v: str) -> float:
 def _model_name(cfg: EngineConfig, gguf: str) -> dict[str, Any]:
     """``model``: what a person would call it (the page shows it); ``demo``: whether it is the
     synthetic demo model, which speaks in tones, not words."""
-    from ..demo.model import demo_marker
+    from ..model.files import demo_marker
 
     marker = demo_marker(cfg.source) if cfg.source else None
     if marker is None:
@@ -144,7 +143,7 @@ def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
     the official algorithm. (Audio rows in llama.cpp on CPU, even f32, change the codes of a
     quantized model: it quantizes the activations for the text rows, and a prompt whose last
     row alone is output takes other kernels in the last layer.)"""
-    from ..convert.fused_writer import ensure_fused
+    from ..model.files import model_files
     from ..model.fused import AudioDtype, find_fused_gguf
 
     if cfg.heads_backend not in ("auto", "fused"):
@@ -155,8 +154,7 @@ def fused_heads(cfg: EngineConfig, ids: TokenIds) -> str:
         return find_fused_gguf(cfg, ids)
     if cfg.fused_gguf:
         return find_fused_gguf(cfg, ids, auto_dtype=dtype)
-    with FuseProgress() as progress:
-        return ensure_fused(cfg, ids, dtype, progress)
+    return model_files().fused_gguf(cfg, ids, dtype)  # written by the tooling (streamtts/files.py)
 
 
 def _take_turns(cfg: EngineConfig, codec: StreamingCodec | WindowedCodec, on_gpu: bool) -> bool:

@@ -223,9 +223,9 @@ class Engine:
                 cfg.explicit_keys = cfg.explicit_keys | set(given)
             return cls(cfg.validate())
         if config is None:
-            from ..demo.model import ensure_demo_model
+            from ..model.files import model_files
 
-            config = ensure_demo_model()
+            config = model_files().demo_config()  # written on first use (streamtts/files.py)
             log.debug("no config given: using the synthetic demo model at %s", Path(config).parent)
         return cls(load_config(config, **overrides))
 

@@ -21,7 +21,7 @@ import pytest
 from fixtures.family import SHAPES, family_checkpoint
 
 from streamtts import cli
-from streamtts.checkpoint import Checkpoint
+from streamtts.convert.checkpoint import Checkpoint
 from streamtts.convert.hf import convert_hf
 from streamtts.convert.hf_source import gguf_name
 from streamtts.convert.member import choose_member

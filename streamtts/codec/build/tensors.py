@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...checkpoint import Checkpoint
 from ...closing import Closing
 from ...constants import CODEC_DECODER_PREFIXES
+from ...convert.checkpoint import Checkpoint
 from ...errors import ModelFileError
 from .arch import CodecArch, StageArch
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .closing import Closing
-from .errors import ModelFileError
+from ..closing import Closing
+from ..errors import ModelFileError
 
 __all__ = ["Checkpoint", "SINGLE_FILE", "INDEX_FILE"]
 
