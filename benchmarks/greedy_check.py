@@ -5,8 +5,8 @@
 The official llama.cpp pipeline's algorithm, step by step, on our bridge (the oracle,
 ``streamtts/model/official.py``): the prompt prefilled in one decode, then one row per step;
 text logits from the plain backbone GGUF's output layer, audio logits from the NumPy heads
-(float32), the contract's scalar state machine (the plain spec,
-``core.delay_state.spec_step``). The engine runs as a user gets it (fused heads
+(float32), the contract's scalar state machine (the official step transcribed,
+``core.delay_state.official_step``). The engine runs as a user gets it (fused heads
 written on first load, streaming or windowed codec), only with ``prefix_cache_mib: 0``
 (the official pipeline feeds the prompt in one call) and greedy sampling. Prints, per
 text, the number of frames and whether every code is equal; exits 1 on a difference.

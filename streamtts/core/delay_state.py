@@ -14,7 +14,7 @@ same distribution as the official full-vocabulary masked sampling (masked
 tokens get probability 0 and sort after the two finite candidates), and with
 the canonical candidate order even the same token for the same uniform.
 
-:func:`spec_step` is the plain single-sequence transcription of the
+:func:`official_step` is the plain single-sequence transcription of the
 official step, kept next to the vectorised one so tests (and the engine's
 conformance test) can check :meth:`DelayStates.step` row for row.
 
@@ -41,7 +41,7 @@ from .sampling import (
     SamplerWorkspace,
     counter_uniforms,
     sample_rows,
-    sample_rows_spec,
+    sample_rows_plain,
     seed_to_uint64,
 )
 from .tokens import TokenIds
@@ -376,11 +376,11 @@ class DelayStates:
         self.seen[s[rb], hist, sampled] = True
 
 
-# -- the plain spec (single sequence) ---------------------------------------------------
+# -- the official step, transcribed (single sequence) ---------------------------------------------------
 
 
 @dataclass
-class SpecState:
+class OfficialState:
     """One sequence's state exactly as the contract/official code keeps it."""
 
     audio_length: int = 0
@@ -392,11 +392,11 @@ class SpecState:
     audio_history: list[list[int]] = field(default_factory=list)
 
 
-def spec_init(prompt: np.ndarray, ids: TokenIds) -> SpecState:
+def official_init(prompt: np.ndarray, ids: TokenIds) -> OfficialState:
     """The official ``init_delay_state`` on a (S, 1 + K) prompt."""
     p = _check_prompt(prompt, ids)
     al, isa = _initial_audio(p[:, 0], ids)
-    return SpecState(
+    return OfficialState(
         audio_length=al,
         is_audio=isa,
         text_history=[int(t) for t in p[:, 0]],
@@ -404,8 +404,8 @@ def spec_init(prompt: np.ndarray, ids: TokenIds) -> SpecState:
     )
 
 
-def spec_step(
-    state: SpecState,
+def official_step(
+    state: OfficialState,
     text_logits: np.ndarray,
     audio_logits: np.ndarray,
     sampling: SamplingParams,
@@ -416,7 +416,7 @@ def spec_step(
 
     ``text_logits`` (V,) full text vocabulary, ``audio_logits`` (K, A); neither
     is modified. Uses the same uniforms as :meth:`DelayStates.step`
-    (``counter_uniforms(seed, time_step, ...)``) and :func:`sample_rows_spec`,
+    (``counter_uniforms(seed, time_step, ...)``) and :func:`sample_rows_plain`,
     with the checkpoint's histories for the repetition penalty (codebook 0's column; codebooks
     1..K-1's columns together). Slow; tests only.
     """
@@ -448,7 +448,7 @@ def spec_step(
             scaled[ids.im_end] = -np.inf
         u = counter_uniforms(key, ctr, 1, TEXT_STREAM)[0]
         next_text = int(
-            sample_rows_spec(
+            sample_rows_plain(
                 scaled[None, :],
                 np.array([sampling.text_temperature]),
                 np.array([sampling.text_top_k]),
@@ -469,7 +469,7 @@ def spec_step(
             row[pad_code] = -np.inf
             history = [c for h in state.audio_history for c in (h[:1] if k == 0 else h[1:])]
             next_audio[k] = int(
-                sample_rows_spec(
+                sample_rows_plain(
                     row[None, :],
                     np.array([sampling.audio_temperature]),
                     np.array([sampling.audio_top_k]),

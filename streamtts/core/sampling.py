@@ -14,7 +14,7 @@ Why this shape:
   pipeline draws over ``argpartition`` order, which is unspecified; the
   distribution is the same, and the canonical order makes the token for a
   given uniform well defined, so :func:`sample_rows` can be checked token for
-  token against the simple :func:`sample_rows_spec`.
+  token against the simple :func:`sample_rows_plain`.
 
 Semantics (the official llama.cpp pipeline's ``sample_token``): temperature
 scaling first (0 = greedy: argmax, first index on ties, temperature and
@@ -363,10 +363,10 @@ def sample_rows(
     return out
 
 
-# -- the plain spec sampler (tests / conformance) ------------------------------------------
+# -- the plain sampler, row by row (tests / conformance) ------------------------------------------
 
 
-def sample_rows_spec(
+def sample_rows_plain(
     logits: np.ndarray,
     temperature: np.ndarray,
     top_k: np.ndarray,

@@ -4,8 +4,8 @@ The oracle that greedy conformance is checked against (``tests/engine/test_engin
 ``tests/model/test_fused.py``, ``benchmarks/greedy_check.py``): the prompt prefilled in one
 decode (hidden state of its last row), then one row per step; text logits from the plain
 backbone GGUF's output layer, audio logits from the stacked NumPy heads (float32), the
-contract's scalar state machine (the plain spec,
-:func:`~streamtts.core.delay_state.spec_step`). Nothing here is batched or cached: it is slow
+contract's scalar state machine (the official step transcribed,
+:func:`~streamtts.core.delay_state.official_step`). Nothing here is batched or cached: it is slow
 on purpose, and exactly what the official pipeline computes.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import EngineConfig, SamplingParams, find_model_config
 from ..core.delay import de_delay, drop_pad_frames
-from ..core.delay_state import spec_init, spec_step
+from ..core.delay_state import official_init, official_step
 from ..core.prompt import HFTokenizer, PromptSpec, build_prompt
 from ..core.tokens import load_token_ids
 from ..text.normalize import normalize_text
@@ -40,11 +40,11 @@ def official_greedy_frames(cfg: EngineConfig, text: str, max_new: int, threads: 
         out = np.zeros(s, np.int8)
         out[-1] = 1
         bb.decode(emb.embed_rows(prompt), np.arange(s, dtype=np.int32), np.zeros(s, np.int32), out, h, logits)
-        state = spec_init(prompt, ids)
+        state = official_init(prompt, ids)
         audio = np.zeros((1, ids.n_vq * ids.audio_rows), np.float32)
         one = np.ones(1, np.int8)
         for t in range(max_new):
-            row = spec_step(state, logits[0], heads(h, audio)[0], SamplingParams.greedy(), 1, ids)
+            row = official_step(state, logits[0], heads(h, audio)[0], SamplingParams.greedy(), 1, ids)
             rows.append(row)
             if state.is_stopping:
                 break

@@ -13,16 +13,16 @@ from streamtts.core.delay import de_delay, drop_pad_frames
 from streamtts.core.delay_state import (
     NONE,
     DelayStates,
-    SpecState,
-    spec_init,
-    spec_step,
+    OfficialState,
+    official_init,
+    official_step,
 )
 from streamtts.core.frames import FrameAssembler
 from streamtts.core.sampling import (
     TEXT_STREAM,
     NonFiniteLogitsError,
     counter_uniforms,
-    sample_rows_spec,
+    sample_rows_plain,
 )
 from streamtts.core.tokens import TokenIds
 from streamtts.errors import InputError
@@ -260,7 +260,7 @@ def _random_prompt(rng: np.random.Generator, ids: TokenIds, v: int) -> np.ndarra
     return p
 
 
-def _check_state(st_: DelayStates, slot: int, ref: SpecState) -> None:
+def _check_state(st_: DelayStates, slot: int, ref: OfficialState) -> None:
     assert st_.audio_length[slot] == ref.audio_length
     assert st_.delayed_length[slot] == (NONE if ref.delayed_length is None else ref.delayed_length)
     assert st_.is_audio[slot] == ref.is_audio
@@ -277,7 +277,7 @@ def _compare_run(
     capacity: int,
     delay_bias: tuple[float, ...] = (-4.0, 0.0, 2.0),
 ) -> dict[int, int]:
-    """Run random batches through DelayStates and spec_step side by side.
+    """Run random batches through DelayStates and official_step side by side.
 
     Returns how often each text token was produced (key -1: sampled codes).
     """
@@ -286,13 +286,13 @@ def _compare_run(
     k_n, a_n = ids.n_vq, ids.audio_rows
     st_ = DelayStates(capacity, ids)
     slots = [int(s) for s in rng.permutation(capacity)[:n_slots]]
-    refs: dict[int, tuple[SpecState, SamplingParams, int]] = {}
+    refs: dict[int, tuple[OfficialState, SamplingParams, int]] = {}
     for s in slots:
         prompt = _random_prompt(rng, ids, v)
         params = random_sampling_params(rng)
         seed_s = int(rng.integers(0, 2**63))
         st_.reset(s, prompt, params, seed_s)
-        refs[s] = (spec_init(prompt, ids), params, seed_s)
+        refs[s] = (official_init(prompt, ids), params, seed_s)
     for _ in range(steps):
         batch = [int(s) for s in rng.permutation(slots)[: int(rng.integers(1, n_slots + 1))]]
         b_n = len(batch)
@@ -306,7 +306,7 @@ def _compare_run(
             audio = np.round(audio)
         expected = np.stack(
             [
-                spec_step(refs[s][0], full[j], audio[j], refs[s][1], refs[s][2], ids)
+                official_step(refs[s][0], full[j], audio[j], refs[s][1], refs[s][2], ids)
                 for j, s in enumerate(batch)
             ]
         )
@@ -394,7 +394,7 @@ def test_pair_sampling_equals_full_masked_vocab(ids: TokenIds, params: SamplingP
     masked = np.full_like(full, -np.inf)
     masked[:, [ids.gen_slot, ids.delay_slot]] = full[:, [ids.gen_slot, ids.delay_slot]]
     u = counter_uniforms(st_.seed[slots], np.ones(n, np.uint64), 1, TEXT_STREAM)[:, 0]
-    ref = sample_rows_spec(
+    ref = sample_rows_plain(
         masked,
         np.full(n, params.text_temperature),
         np.full(n, params.text_top_k),

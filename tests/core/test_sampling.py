@@ -15,7 +15,7 @@ from streamtts.core.sampling import (
     apply_repetition_penalty,
     counter_uniforms,
     sample_rows,
-    sample_rows_spec,
+    sample_rows_plain,
 )
 
 NEG = -np.inf
@@ -109,7 +109,7 @@ def test_greedy_first_index_on_ties_ignores_filters() -> None:
     t, k, p = _params(3, temp=0.0, k=1, p=0.01)
     out = sample_rows(logits.copy(), t, k, p, np.full(3, 0.99))
     np.testing.assert_array_equal(out, [1, 2, 0])
-    np.testing.assert_array_equal(sample_rows_spec(logits, t, k, p, np.full(3, 0.99)), out)
+    np.testing.assert_array_equal(sample_rows_plain(logits, t, k, p, np.full(3, 0.99)), out)
 
 
 def test_top_k_1_is_argmax_for_every_u() -> None:
@@ -254,10 +254,10 @@ def test_vectorised_equals_reference(b: tuple[np.ndarray, ...], with_penalty: bo
     logits, t, k, p, u, pen, seen = b
     prev = [np.flatnonzero(s).tolist() for s in seen]
     if with_penalty:
-        ref = sample_rows_spec(logits, t, k, p, u, prev_tokens=prev, penalty=pen)
+        ref = sample_rows_plain(logits, t, k, p, u, prev_tokens=prev, penalty=pen)
         got = sample_rows(logits.copy(), t, k, p, u, seen=seen, penalty=pen)
     else:
-        ref = sample_rows_spec(logits, t, k, p, u)
+        ref = sample_rows_plain(logits, t, k, p, u)
         got = sample_rows(logits.copy(), t, k, p, u)
     np.testing.assert_array_equal(got, ref)
 
@@ -274,7 +274,7 @@ def test_selected_rows_equal_reference(
     n = logits.shape[0]
     sel = np.array(rnd.sample(range(n), rnd.randint(1, n)), dtype=np.int64)  # any order
     prev = [np.flatnonzero(s).tolist() for s in seen]
-    ref = sample_rows_spec(
+    ref = sample_rows_plain(
         logits,
         t,
         k,
@@ -309,7 +309,7 @@ def test_vectorised_equals_reference_audio_shape() -> None:
     u = rng.random(n)
     ws = SamplerWorkspace()
     got = sample_rows(logits.copy(), t, k, p, u, workspace=ws)
-    np.testing.assert_array_equal(got, sample_rows_spec(logits, t, k, p, u))
+    np.testing.assert_array_equal(got, sample_rows_plain(logits, t, k, p, u))
     # the workspace is reusable and results do not depend on it
     np.testing.assert_array_equal(sample_rows(logits.copy(), t, k, p, u, workspace=ws), got)
 
@@ -344,14 +344,14 @@ def test_large_batches_are_sampled_in_pieces_with_the_same_result(monkeypatch: p
     pen = rng.choice([1.0, 1.3], n).astype(np.float32)
     seen = rng.random((n, v)) < 0.3
     prev = [np.flatnonzero(s).tolist() for s in seen]
-    ref = sample_rows_spec(logits, t, k, p, u, prev_tokens=prev, penalty=pen)
+    ref = sample_rows_plain(logits, t, k, p, u, prev_tokens=prev, penalty=pen)
     np.testing.assert_array_equal(sample_rows(logits.copy(), t, k, p, u, seen=seen, penalty=pen), ref)
     sel = np.array([10, 2, 7, 3, 0, 9, 5], dtype=np.int64)
     got = sample_rows(logits.copy(), t[sel], k[sel], p[sel], u[sel], rows=sel, seen=seen[sel], penalty=pen[sel])
     np.testing.assert_array_equal(got, ref[sel])
     # one temperature for all rows takes the scalar pass: same tokens
     t1 = np.full(n, 1.7, np.float32)
-    np.testing.assert_array_equal(sample_rows(logits.copy(), t1, k, p, u), sample_rows_spec(logits, t1, k, p, u))
+    np.testing.assert_array_equal(sample_rows(logits.copy(), t1, k, p, u), sample_rows_plain(logits, t1, k, p, u))
     bad = logits.copy()
     bad[[1, 8]] = np.nan  # in two different pieces: both named
     with pytest.raises(NonFiniteLogitsError) as err:
