@@ -13,6 +13,16 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+
+# Hypothesis' default 200 ms deadline is a wall-clock margin: on a busy 2-core machine one
+# example (or drawing its data) can take longer with nothing wrong. Examples are judged by
+# their outcome alone.
+hypothesis_settings.register_profile(
+    "streamtts", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.load_profile("streamtts")
 
 from streamtts.config import SamplingParams
 from streamtts.convert.qwen3_gguf import Qwen3Shape
