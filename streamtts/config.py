@@ -179,14 +179,15 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # threads of the NumPy audio heads' matmul (ours, sleeping between steps; each part one
     # single-threaded BLAS call); 0 = as many as llama.cpp's threads (their cores are idle then)
     heads_threads: int = 0
-    # the per-step kernels (streamtts/kernels/): "native" = the compiled twins (native/*.c, built
-    # with the bridge), "numpy" = their NumPy specifications; the same tokens and frames for the
-    # same seed, the native ones several times faster
-    sampler: str = "native"
-    # per-kernel overrides of `sampler`, applied in order: "+name" runs that kernel's compiled
-    # twin, "-name" its specification; names: row_sampler, delay_step, frame_push, step_embed
+    # the per-step kernels (streamtts/kernels/), one switch: "native" = the compiled twins
+    # (native/*.c, built with the bridge), "numpy" = their NumPy specifications (the same tokens
+    # and frames for the same seed, the native ones several times faster); or per-kernel
+    # changes to `sampler`'s choice, applied in order: "+name" runs that kernel's compiled twin,
+    # "-name" its specification; names: row_sampler, delay_step, frame_push, step_embed
     # (e.g. ["-delay_step"], or with sampler: numpy ["+row_sampler"])
-    kernels: list[str] = msgspec.field(default_factory=list)
+    kernels: str | list[str] = msgspec.field(default_factory=list)
+    # an alias of `kernels: native | numpy` (the key's older name), the base a list changes
+    sampler: str = "native"
     # threads the CPU side of a tick (sampling, state machine, embedding) is cut across when
     # a step has at least 64 streams (32 rows each at the least); 0 = the cores this process
     # may run on, at most 8; 1 = the engine thread alone. Outputs do not depend on it.
@@ -229,6 +230,21 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     def sampling(self) -> SamplingParams:
         return SamplingParams(**{k: getattr(self, k) for k in SAMPLING_KEYS}).validate()
 
+    def twins(self) -> frozenset[str]:
+        """The kernels whose compiled twin runs (``kernels``, ``sampler`` its alias), checked."""
+        if isinstance(self.kernels, str):
+            if self.kernels not in ("native", "numpy"):
+                raise ConfigError(
+                    f"kernels must be 'native', 'numpy' or a list of '+name' / '-name', got {self.kernels!r}"
+                )
+            if self.sampler not in ("native", self.kernels):
+                raise ConfigError(
+                    f"sampler: {self.sampler!r} and kernels: {self.kernels!r}: sampler is another name "
+                    "for kernels; give one"
+                )
+            return select_twins(self.kernels)
+        return select_twins(self.sampler, self.kernels)
+
     def validate(self) -> EngineConfig:
         self.sampling  # noqa: B018 - validates the sampling keys
         for key, lo, hi, note in _BOUNDS:
@@ -242,7 +258,7 @@ class EngineConfig(_SamplingKeys, kw_only=True):
             raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
         if self.backend not in ("auto", "cpu", "cuda", "vulkan"):
             raise ConfigError(f"backend must be 'auto', 'cpu', 'cuda' or 'vulkan', got {self.backend!r}")
-        select_twins(self.sampler, self.kernels)
+        self.twins()
         if not self.chunk_frames or any(c < 1 for c in self.chunk_frames):
             raise ConfigError(f"chunk_frames must be a non-empty list of ints >= 1, got {self.chunk_frames}")
         if self.resume_buffered_s > self.max_buffered_s or self.max_buffered_s <= 0:

@@ -320,7 +320,7 @@ def build_runtime(
         "threads": threads,
         "model_config": str(mc) if mc else "defaults",
         "sampling": msgspec.structs.asdict(cfg.sampling),
-        "sampler": cfg.sampler,
+        "sampler": cfg.kernels if isinstance(cfg.kernels, str) else cfg.sampler,
         "kernels": core.kernels.describe(),
         "tick_threads": core.kernels.threads if core.kernels.pool is not None else 1,
         # where a step reads its logits: "lent" (where llama.cpp left them; fused heads) or

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..config import KERNEL_NAMES, EngineConfig, select_twins
+from ..config import KERNEL_NAMES, EngineConfig
 from ..core.delay_state import DelayStates
 from ..core.sampling import RowSampler, sample_rows
 from ..core.tokens import TokenIds
@@ -74,7 +74,7 @@ class Kernels:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig) -> Kernels:
-        return cls(select_twins(cfg.sampler, cfg.kernels), threads=cfg.tick_threads or auto_threads())
+        return cls(cfg.twins(), threads=cfg.tick_threads or auto_threads())
 
     @property
     def reads_strided_audio(self) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from conftest import SMALL_IDS
 
 from streamtts import Engine
-from streamtts.config import EngineConfig, SamplingParams
+from streamtts.config import KERNEL_NAMES, EngineConfig, SamplingParams, load_config
 from streamtts.core.frames import FrameAssembler
 from streamtts.core.sampling import sample_rows
 from streamtts.core.tokens import TokenIds
@@ -336,3 +336,17 @@ def test_engine_streams_the_same_codes_whichever_kernels_run(demo_model_dir: Pat
         np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(x, z)
     assert not np.array_equal(spec[0], spec[1])  # seeds differ: sampled
+
+
+def test_kernels_is_one_switch_and_sampler_its_alias(tmp_path: Path) -> None:
+    assert EngineConfig(kernels="numpy").validate().twins() == frozenset()
+    assert EngineConfig(sampler="numpy").validate().twins() == frozenset()
+    assert EngineConfig(kernels="native").twins() == frozenset(KERNEL_NAMES)
+    assert EngineConfig(sampler="numpy", kernels=["+row_sampler"]).twins() == {"row_sampler"}
+    with pytest.raises(ConfigError, match="sampler is another name for kernels"):
+        EngineConfig(sampler="numpy", kernels="native").validate()
+    with pytest.raises(ConfigError, match="kernels must be 'native', 'numpy' or a list"):
+        EngineConfig(kernels="fast").validate()
+    (tmp_path / "c.yaml").write_text("kernels: numpy\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.kernels == "numpy" and cfg.twins() == frozenset()
