@@ -110,6 +110,8 @@ _BOUNDS: tuple[tuple[str, float, float | None, str], ...] = (
     ("n_threads", 0, None, "0 = automatic"),
     ("thread_poll", -1, 100, "-1 = llama.cpp's pool"),
     ("step_slack_s", 0, None, ""),
+    ("realtime_margin", 0, None, ""),
+    ("first_audio_deadline_s", 0, None, ""),
     ("prefix_cache_mib", 0, None, ""),
     ("prefill_chunk", 1, None, ""),
     ("decode_context_frames", 0, None, ""),
@@ -160,6 +162,14 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     step_slack_s: float = 1.0
     queue_size: int = 64  # requests waiting for a slot before new ones are refused
     queue_timeout_s: float = 30.0
+    # "slots": a request starts when one of max_streams slots is free; "capacity" (what
+    # `streamtts serve` runs): also only while every stream, the new one included, stays
+    # ahead of real time by realtime_margin, by the engine's own tick times (engine/capacity.py)
+    admission: str = "slots"
+    realtime_margin: float = 0.25  # a tick must fit in a frame (80 ms) with this share to spare
+    # "capacity": a new stream waits at most this long for a slot; refused at once when the
+    # measured rate at which streams finish says it would wait longer
+    first_audio_deadline_s: float = 3.0
     # exact stateful codec decoding (streamtts codec build): a decoder_streaming.onnx path;
     # "" = the one next to audio_decoder_onnx when present and built from the same weights;
     # "off" = always the windowed path (the stateless decoder.onnx with left context)
@@ -254,6 +264,8 @@ class EngineConfig(_SamplingKeys, kw_only=True):
                 if note:
                     words += f" ({note})"
                 raise ConfigError(f"{key} must be {words}, got {value}")
+        if self.admission not in ("slots", "capacity"):
+            raise ConfigError(f"admission must be 'slots' or 'capacity', got {self.admission!r}")
         if self.codec_turns not in ("auto", "always", "never"):
             raise ConfigError(f"codec_turns must be 'auto', 'always' or 'never', got {self.codec_turns!r}")
         if self.backend not in ("auto", "cpu", "cuda", "vulkan"):

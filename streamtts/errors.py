@@ -120,7 +120,12 @@ class EngineClosedError(StreamTTSError):
 
 
 class OverloadedError(StreamTTSError):
-    """All stream slots are busy and the waiting queue is full."""
+    """All stream slots are busy and the waiting queue is full, or (admission by capacity)
+    a slot is not expected to free before the request's first-audio deadline."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # when to try again, from the measured finish rate
 
 
 class QueueTimeoutError(OverloadedError):

@@ -276,9 +276,16 @@ class ServerProcess:
 
 
 def start_server(args: list[str], log_path: Path, timeout: float = 180.0) -> ServerProcess:
-    """Start ``streamtts serve --port 0 ARGS``; return once /healthz says ready."""
+    """Start ``streamtts serve --port 0 ARGS``; return once /healthz says ready.
+
+    Without ``--admission`` in ARGS: ``--admission slots``. By the server's default, admission
+    by measured capacity, how many sessions run at once depends on how fast this machine is
+    at that moment; the tests that run several at once check other things. The admission
+    tests ask for ``--admission capacity``."""
     from benchmarks._common import start_server as start  # the benchmarks' (imports the server)
 
+    if "--admission" not in args:
+        args = [*args, "--admission", "slots"]
     return ServerProcess(*start(args, log_path, timeout))
 
 

@@ -74,6 +74,21 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--queue-size", type=int, help="override the engine's queue_size")
     p.add_argument(
+        "--admission", choices=["capacity", "slots"],
+        help="capacity (default unless the config sets `admission`): a new stream starts only "
+        "while every stream stays ahead of real time by the engine's measured tick times, up to "
+        "--max-streams; slots: whenever one of --max-streams slots is free",
+    )  # fmt: skip
+    p.add_argument(
+        "--realtime-margin", type=float,
+        help="capacity admission: share of a frame's time a tick must leave to spare (default 0.25)",
+    )  # fmt: skip
+    p.add_argument(
+        "--first-audio-deadline", type=float,
+        help="capacity admission: seconds a new stream may wait for a slot; refused at once "
+        "(overloaded, 1013 / HTTP 503 + Retry-After) when it would wait longer (default 3)",
+    )  # fmt: skip
+    p.add_argument(
         "--max-sessions", type=int, help="sessions at once (default: the engine's max_streams)"
     )
     p.add_argument(
@@ -187,7 +202,12 @@ async def serve(args: argparse.Namespace) -> int:
         n_threads=args.n_threads,
         queue_size=args.queue_size,
         warmup=False if args.no_warmup else None,
+        admission=args.admission,
+        realtime_margin=args.realtime_margin,
+        first_audio_deadline_s=args.first_audio_deadline,
     )
+    if args.admission is None and not engine.config.is_set("admission"):
+        engine.config.admission = "capacity"  # a server keeps what it admits in real time
     settings = settings_from_args(args, engine.config.max_streams)
     # Load before serving: a model that fails to load is one line here, not a traceback from
     # uvicorn's startup (the app's lifespan then finds the engine started).

@@ -35,6 +35,7 @@ __all__ = ["Capacity"]
 
 _ALPHA = 0.1  # weight of a new tick in its count's running average
 _TRUSTED = 20  # ticks after which a count's own average is used rather than the line
+_FIRST = 3  # a count's first ticks: the fastest of them starts its average
 _FINISHES = 32  # stream ends the finish rate is measured over
 _FINISH_WINDOW_S = 120.0  # ... within this many seconds
 
@@ -67,11 +68,22 @@ class Capacity:
         """A tick stepped ``streams`` streams (no prompt fed) in ``tick_s`` seconds."""
         if not 1 <= streams <= self.max_streams:
             return
-        if self.seen[streams]:
-            self.tick_s[streams] += _ALPHA * (tick_s - self.tick_s[streams])
+        seen, avg = self.seen[streams], self.tick_s[streams]
+        if seen < _FIRST:
+            # the first ticks of a count: the fastest of them (a first tick runs on cold caches,
+            # or the process was descheduled meanwhile)
+            self.tick_s[streams] = tick_s if seen == 0 else min(avg, tick_s)
         else:
-            self.tick_s[streams] = tick_s
+            # a tick far off the average moves it at most by a factor of 2 per tick's weight:
+            # a stall of the machine is not the engine's cost, a lasting slowdown still shows
+            self.tick_s[streams] += _ALPHA * (min(max(tick_s, avg / 2), 2 * avg) - avg)
         self.seen[streams] += 1
+        self._capacity = None
+
+    def forget_ticks(self) -> None:
+        """Drop the tick times (after a warm-up: its ticks paid one-off costs)."""
+        self.tick_s[:] = 0.0
+        self.seen[:] = 0
         self._capacity = None
 
     def finished(self) -> None:

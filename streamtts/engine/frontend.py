@@ -96,6 +96,9 @@ class AudioStream:
         self._done = False
         self._timer: ChunkTimer | None = None  # word times asked for (options.timestamps)
         self._next_frame = 0
+        # a session's next segment (set before it starts): admitted before new streams and
+        # never refused for capacity (engine/capacity.py)
+        self.priority = False
 
     def __aiter__(self) -> AudioStream:
         return self
@@ -164,6 +167,7 @@ class AudioStream:
             return
         self._sink = sink
         self.prompt = req.prompt
+        req.priority = self.priority
         if wants_timestamps(self._options):
             self._timer = ChunkTimer(self._text, self._options)
         core.submit(req)
@@ -248,6 +252,7 @@ class Engine:
             async for _ in s:
                 pass
         self.reset_profile()
+        self._core.admission.forget_ticks()  # one-off costs are not what a tick costs
         self.warmup_s = time.perf_counter() - t0
         log.debug("warm-up took %.0f ms", 1000 * self.warmup_s)
 
@@ -385,6 +390,23 @@ class Engine:
     @property
     def queued_streams(self) -> int:
         return 0 if self._core is None else int(self._core.queued_streams)
+
+    def forget_ticks(self) -> None:
+        """Drop the tick times admission measured so far (after a warm-up)."""
+        if self._core is not None:
+            self._core.admission.forget_ticks()
+
+    def admission_info(self) -> dict[str, float]:
+        """The measured capacity and the admission decisions so far (engine/capacity.py),
+        and how far the stream furthest behind a real-time listener is (``lag_max_s``)."""
+        core = self._core
+        if core is None:
+            return {}
+        info: dict[str, float] = core.admission.info()
+        due = core.slots.audio_due  # when each stream's listener runs dry (-inf: no audio yet)
+        live = due[np.isfinite(due)]
+        info["lag_max_s"] = max(0.0, time.monotonic() - float(live.min())) if live.size else 0.0
+        return info
 
     def prefix_cache_info(self) -> dict[str, int]:
         """Entries, bytes, hits and misses of the prompt-prefix cache (see prefix_cache.py)."""

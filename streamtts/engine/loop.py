@@ -33,11 +33,12 @@ import numpy as np
 from ..config import EngineConfig
 from ..core.frames import FrameAssembler
 from ..core.tokens import TokenIds
-from ..errors import EngineClosedError, GenerationError, QueueTimeoutError
+from ..errors import EngineClosedError, GenerationError, OverloadedError, QueueTimeoutError
 from ..kernels import Kernels, SpecDelayStep, SpecFramePush, SpecStepEmbed
 from ..model.tables import AudioHeads, Embedder
 from ..request import PreparedRequest
 from .backbone_calls import BackboneCalls, BackboneLike, StepProfile
+from .capacity import Capacity
 from .chunk_policy import ChunkPolicy
 from .commands import Abort, Command, Stop, Submit
 from .decoding import DecodeJob, DecodeWorker
@@ -128,6 +129,10 @@ class EngineCore:
         self._thread = threading.Thread(target=self._run, name="streamtts-engine", daemon=True)
         self._stopping = False
         self.ticks = 0  # engine ticks so far (prefill-only ticks included)
+        # admission by measured capacity (cfg.admission == "capacity"); ticks timed either way
+        self.admission = Capacity(cap, cfg.realtime_margin, cfg.first_audio_deadline_s)
+        self._by_capacity = cfg.admission == "capacity"
+        self._queued_at: dict[int, float] = {}  # rid -> when it joined the queue
         self.policy = ChunkPolicy(cfg.chunk_frames, self.slots, self.states, self.n_ctx_seq, decoder.submit_many, self.free)
 
     # -- front-end API (any thread) -------------------------------------------------------
@@ -171,8 +176,8 @@ class EngineCore:
                 idle = self.slots.active == 0
                 if not self._drain_commands(block=idle):
                     break
-                self._expire_waiting()
                 self._admit_waiting()
+                self._expire_waiting()  # after: one that can start now does
                 if self.slots.active:
                     self.step()
         except BaseException:  # pragma: no cover - a bug; make it loud and fail every stream
@@ -194,6 +199,8 @@ class EngineCore:
             result = self.execute(plan)
         if result.slots.size:
             self.update(result)
+            if not (plan.prefill or plan.loads):  # a steady tick: what N streams cost
+                self.admission.observe(int(plan.decode.size), time.perf_counter() - t0)
 
     def _drain_commands(self, block: bool) -> bool:
         if not block and self._commands.empty():  # the usual tick: no exception raised and caught
@@ -208,18 +215,55 @@ class EngineCore:
             except queue.Empty:
                 return True
             if isinstance(cmd, Submit):
-                self.waiting.append(cmd.req)
+                self._enqueue(cmd.req)
             elif isinstance(cmd, Abort):
                 self._abort(cmd.rid)
             else:
                 return False
 
+    def _enqueue(self, req: PreparedRequest) -> None:
+        """Into the queue (a session's next segment ahead of new streams); by capacity, a
+        new stream that cannot start now and would wait past its deadline is refused."""
+        cap = self.admission
+        self._queued_at[req.rid] = time.monotonic()  # its wait counts from here
+        if req.priority:
+            at = next((i for i, r in enumerate(self.waiting) if not r.priority), len(self.waiting))
+            self.waiting.insert(at, req)
+            return
+        if self._by_capacity:
+            ahead = len(self.waiting)
+            if ahead or self.slots.free_slot() is None or not cap.admits(self.slots.active):
+                if cap.refuses(ahead):
+                    cap.refused += 1
+                    retry = cap.retry_after_s(ahead)
+                    err = OverloadedError(
+                        f"the engine is at its measured capacity ({cap.streams()} streams in real "
+                        f"time) and no slot is expected within {cap.deadline_s:g} s; retry in {retry} s",
+                        retry_after_s=retry,
+                    )
+                    self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+                    del self._queued_at[req.rid]
+                    return
+                cap.queued += 1
+        self.waiting.append(req)
+
     def _expire_waiting(self) -> None:
+        if not self.waiting:
+            return
         now = time.monotonic()
         limit = self.cfg.queue_timeout_s
-        while self.waiting and now - self.waiting[0].stats.t_submit > limit:
-            req = self.waiting.popleft()
-            err = QueueTimeoutError(f"no stream slot became free within {limit:g} s (all {self.capacity} busy)")
+        # by capacity, a new stream waits only until its first-audio deadline
+        first = min(limit, self.cfg.first_audio_deadline_s) if self._by_capacity else limit
+        since = self._queued_at
+        for req in [r for r in self.waiting if now - since[r.rid] > (limit if r.priority else first)]:
+            self.waiting.remove(req)
+            del since[req.rid]
+            waited = limit if req.priority else first
+            err = QueueTimeoutError(
+                f"no stream slot became free within {waited:g} s "
+                f"({self.slots.active} streams running, capacity {self.admission.streams()})",
+                retry_after_s=self.admission.retry_after_s(len(self.waiting)),
+            )
             self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
 
     def _admit_waiting(self) -> None:
@@ -227,8 +271,12 @@ class EngineCore:
             slot = self.slots.free_slot()
             if slot is None:
                 return
+            if self._by_capacity and not self.admission.admits(self.slots.active):
+                return
             req = self.waiting.popleft()
+            self._queued_at.pop(req.rid, None)
             if not req.sink.cancelled:
+                self.admission.admitted += 1
                 self.admit(slot, req)
 
     # -- a slot's lifecycle: admit and free reach every per-slot structure -------------------
@@ -265,6 +313,8 @@ class EngineCore:
             log.exception("could not free KV cache of slot %d", slot)
         s = self.slots.release(slot)
         self.scheduler.released(slot)
+        if s is not None:
+            self.admission.finished()
         if s is not None and final is not None:
             self.decoder.submit(final)
 
@@ -279,6 +329,7 @@ class EngineCore:
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
+                self._queued_at.pop(rid, None)
                 return
 
     def _fail_all(self, err: BaseException) -> None:
@@ -288,6 +339,7 @@ class EngineCore:
         while self.waiting:
             req = self.waiting.popleft()
             self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+        self._queued_at.clear()
 
     def _fail_slots(self, slots: np.ndarray | list[int], what: str, exc: BaseException) -> None:
         for slot in np.asarray(slots).tolist():

@@ -95,6 +95,7 @@ class SegmentStream(Protocol):
     """One generation as :class:`SegmentedSpeech` reads it (``Engine.stream``'s AudioStream)."""
 
     stats: StreamStats
+    priority: bool  # set before it starts: a session's next segment (admitted first)
 
     def __aiter__(self) -> AsyncIterator[AudioChunk]: ...
 
@@ -294,6 +295,7 @@ class SegmentedSpeech:
     async def _run(self, g: _Gen) -> None:
         try:
             s = self.engine.stream(g.text, **self._voices(g.index), options=self._segment_options(g.index))
+            s.priority = g.index > 0  # the session is under way: its next segment goes first
             g.stats = s.stats
             async with s:
                 async for chunk in s:

@@ -31,4 +31,6 @@ class PreparedRequest:
     # audio prefix in the delay layout (its frames warm the codec; their samples are not sent)
     audio_prefix_rows: int = 0
     keep_rows: bool = False  # StreamOptions.rows: hand the raw generated rows out on the chunks
+    # a session's next segment: starts before new streams and is never refused for capacity
+    priority: bool = False
     stats: StreamStats = field(default_factory=StreamStats)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-__all__ = ["Counter", "Gauge", "Histogram", "InfoGauge", "Registry", "ServerMetrics"]
+__all__ = ["Counter", "CounterFn", "Gauge", "Histogram", "InfoGauge", "Registry", "ServerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -94,6 +94,22 @@ class Gauge(_Metric):
         yield f"{self.name} {_fmt(self._fn() if self._fn is not None else self.value)}"
 
 
+class CounterFn(_Metric):
+    """Counters kept elsewhere (the engine thread), read at scrape time: ``fn`` returns
+    each label value's count."""
+
+    kind = "counter"
+
+    def __init__(self, name: str, help: str, label: str, fn: Callable[[], dict[str, float]]) -> None:
+        super().__init__(name, help)
+        self._label = label
+        self._fn = fn
+
+    def samples(self) -> Iterable[str]:
+        for value, count in sorted(self._fn().items()):
+            yield f"{self.name}{_labels(((self._label, value),))} {_fmt(count)}"
+
+
 class InfoGauge(_Metric):
     """A constant 1 whose labels carry text read at scrape time (Prometheus' *_info idiom)."""
 
@@ -157,8 +173,37 @@ class ServerMetrics:
         prefix: Callable[[], dict[str, int]] = dict,
         voice_store_up: Callable[[], float] = lambda: 1.0,
         engine_info: Callable[[], dict[str, object]] = dict,
+        admission: Callable[[], dict[str, float]] = dict,
     ) -> None:
         r = self.registry = Registry()
+        self.capacity = Gauge(
+            "streamtts_capacity_streams",
+            "Streams the engine steps ahead of real time by its margin, from its own tick times "
+            "(admission by capacity admits below it).",
+            lambda: admission().get("capacity_streams", 0.0),
+        )
+        self.tick_at_capacity = Gauge(
+            "streamtts_tick_seconds_at_capacity",
+            "The estimated tick time with that many streams (a frame is 0.08 s).",
+            lambda: max(0.0, admission().get("tick_ms_at_capacity", -1.0)) / 1000,
+        )
+        self.finish_rate = Gauge(
+            "streamtts_streams_finished_per_second",
+            "Rate at which streams ended lately (Retry-After and queue waits are computed from it).",
+            lambda: admission().get("finish_rate_per_s", 0.0),
+        )
+        self.lag = Gauge(
+            "streamtts_stream_lag_max_seconds",
+            "How far the stream furthest behind a real-time listener is behind (0: all ahead).",
+            lambda: admission().get("lag_max_s", 0.0),
+        )
+        self.admission = CounterFn(
+            "streamtts_admission_total",
+            "Engine admission decisions for new streams: admitted, queued (waited for a slot), "
+            "refused (would have waited past the first-audio deadline).",
+            "decision",
+            lambda: {k: admission().get(k, 0.0) for k in ("admitted", "queued", "refused")},
+        )
         self.backbone_info = InfoGauge(
             "streamtts_backbone_info",
             "Where the backbone runs: the llama.cpp build (backend) and device llama.cpp reported.",
@@ -256,6 +301,11 @@ class ServerMetrics:
             self.drain_closed_total,
             self.drain_cut_total,
             self.voice_store_up,
+            self.capacity,
+            self.tick_at_capacity,
+            self.finish_rate,
+            self.lag,
+            self.admission,
         ):
             r.add(m)
 

@@ -47,7 +47,7 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
-from ..errors import FieldError, InputError, VoiceStoreUnavailableError
+from ..errors import FieldError, InputError, OverloadedError, VoiceStoreUnavailableError
 from ..request import GenerationFields, StreamOptions, Voice, WordTime
 from ..request.voices import speaker_tuple
 from ..text.segmenter import Segmenter, SegmenterConfig
@@ -260,12 +260,15 @@ async def speech_endpoint(request: Request) -> Response:
         await events.aclose()
         code, _, _ = error_for_exception(first.error)
         m.errors_total.inc(code=code)
-        return error_response(
+        resp = error_response(
             _STATUS.get(code, 500),
             code,
             str(first.error),
             "server_error" if code not in _STATUS else "invalid_request_error",
         )
+        if isinstance(first.error, OverloadedError):  # at capacity: when to come back, measured
+            resp.headers["Retry-After"] = str(first.error.retry_after_s or 1)
+        return resp
     drained = HttpStream()  # what the drain sees of this stream (drain.py)
     output = SpeechOutput(fmt, req.speed)
     body_iter = _body(state, events, first, output, sse, release, drained, req.input, req.speed)

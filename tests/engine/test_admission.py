@@ -1,0 +1,99 @@
+"""Admission by measured capacity in the engine: a real engine on the demo model.
+
+``realtime_margin`` 1000 leaves a tick 80 us of a frame: no tick fits, so the measured
+capacity is one stream on any machine (a machine too slow for one still serves one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from streamtts import Engine
+from streamtts.errors import OverloadedError, QueueTimeoutError
+from streamtts.request import StreamOptions
+
+
+def capacity_engine(demo_model_dir: Path, deadline_s: float, warmup: bool = True) -> Engine:
+    return Engine.from_config(
+        demo_model_dir / "config.yaml", n_threads=1, max_streams=4, admission="capacity",
+        realtime_margin=1000.0, first_audio_deadline_s=deadline_s, warmup=warmup,
+    )  # fmt: skip
+
+
+async def wait_until(cond: object) -> None:
+    while not cond():  # type: ignore[operator]
+        await asyncio.sleep(0.01)
+
+
+def test_at_capacity_a_new_stream_is_refused_at_once_and_a_continuation_waits(demo_model_dir: Path) -> None:
+    async def main() -> None:
+        async with capacity_engine(demo_model_dir, deadline_s=0.01) as e:
+            for i in range(3):  # streams that end: the finish rate is measured
+                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+            info = e.admission_info()
+            assert info["capacity_streams"] == 1 and info["finish_rate_per_s"] > 0
+            # a long stream nobody reads: it holds the one stream of capacity (paused, not ended)
+            held = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
+            it = aiter(held)
+            await anext(it)
+            await wait_until(lambda: e.active_streams == 1)
+            refused0 = e.admission_info()["refused"]
+            late = e.stream("Refused.", options=StreamOptions(seed=8))
+            with pytest.raises(OverloadedError) as exc:
+                await anext(aiter(late))
+            assert not isinstance(exc.value, QueueTimeoutError)  # refused, not timed out
+            assert exc.value.retry_after_s is not None and exc.value.retry_after_s >= 1
+            assert "capacity" in str(exc.value)
+            assert e.admission_info()["refused"] == refused0 + 1
+            # a session's next segment is never refused for capacity: it waits for the slot
+            nxt = e.stream("Next segment.", options=StreamOptions(seed=9, fixed_frames=6))
+            nxt.priority = True
+            got = asyncio.create_task(_drain(nxt))
+            await wait_until(lambda: e.queued_streams == 1)
+            await held.aclose()  # the slot frees: the continuation starts
+            assert await got == 6
+            assert e.active_streams == 0
+
+    asyncio.run(main())
+
+
+async def _drain(s: object) -> int:
+    frames = 0
+    async with s:  # type: ignore[attr-defined]
+        async for chunk in s:  # type: ignore[attr-defined]
+            frames += len(chunk.frames)
+    return frames
+
+
+def test_a_queued_new_stream_expires_at_its_deadline(demo_model_dir: Path) -> None:
+    async def main() -> None:
+        # one stream has ended (no warm-up): the wait is unknown, so a new stream queues
+        async with capacity_engine(demo_model_dir, deadline_s=0.2, warmup=False) as e:
+            await e.generate("Warm.", options=StreamOptions(seed=1, fixed_frames=4))  # ticks timed
+            held = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
+            it = aiter(held)
+            await anext(it)
+            queued0 = e.admission_info()["queued"]
+            with pytest.raises(QueueTimeoutError) as exc:
+                await e.generate("Waits.", options=StreamOptions(seed=8))
+            assert "0.2 s" in str(exc.value)
+            assert e.admission_info()["queued"] == queued0 + 1
+            await held.aclose()
+
+    asyncio.run(main())
+
+
+def test_slots_admission_ignores_capacity(demo_model_dir: Path) -> None:
+    async def main() -> list[int]:
+        e = Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, max_streams=3, realtime_margin=1000.0)
+        async with e:
+            assert e.config.admission == "slots"
+            outs = await asyncio.gather(*(
+                _drain(e.stream("Three at once.", options=StreamOptions(seed=i, fixed_frames=5))) for i in range(3)
+            ))  # fmt: skip
+            return list(outs)
+
+    assert asyncio.run(main()) == [5, 5, 5]
