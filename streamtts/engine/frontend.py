@@ -252,7 +252,7 @@ class Engine:
             async for _ in s:
                 pass
         self.reset_profile()
-        self._core.admission.forget_ticks()  # one-off costs are not what a tick costs
+        self.forget_ticks()  # one-off costs are not what a tick costs
         self.warmup_s = time.perf_counter() - t0
         log.debug("warm-up took %.0f ms", 1000 * self.warmup_s)
 

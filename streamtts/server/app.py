@@ -111,8 +111,7 @@ def create_app(
                 # warm-up); pay them before the first client does (unless the engine's own
                 # warm-up, the `warmup` config key, did).
                 await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
-                if hasattr(engine, "forget_ticks"):
-                    engine.forget_ticks()  # its ticks paid one-off costs (admission by capacity)
+                engine.forget_ticks()  # its ticks paid one-off costs (admission by capacity)
             await names.load(encode_named)  # the config's `voices:` clips
             state.ready = True
             log.info("streamtts server ready (max %d sessions)", settings.max_sessions)
@@ -203,7 +202,7 @@ async def healthz(request: Request) -> Response:
         "voices": len(s.voices),
         "draining": s.drain.active,
     }
-    adm = e.admission_info() if hasattr(e, "admission_info") else {}
+    adm = e.admission_info()
     if adm:  # the measured capacity (engine/capacity.py)
         body["admission"] = e.config.admission
         body["capacity_streams"] = int(adm["capacity_streams"])
