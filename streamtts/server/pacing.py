@@ -11,8 +11,11 @@ at its own pace, and one that plays gets real time.
 The sender keeps at most ``lead_s`` seconds of audio beyond that: the socket never holds
 tens of seconds of audio in front of a keepalive ping, and the rest waits in the outbox
 and the engine, whose buffered-ahead pause then holds generation. A client is too slow
-only when it falls ``stall_s`` behind a real-time listener (``behind``): slower than
-real time, not slower than the generator.
+(``too_slow``) only when it falls ``stall_s`` behind a real-time listener (``behind_s``):
+slower than real time, not slower than the generator; or when it has read nothing of
+what was sent for ``stall_s`` plus ``lead_s`` (``unread_for_s``: it stopped reading,
+however little of its audio the socket's buffers hold; a real-time reader reaches the ping
+behind the audio sent last within ``lead_s``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Listener:
         self.played_s = 0.0  # audio a real-time listener has played by now
         self.acks = acks  # whether pings acknowledge reads (ws.py: the server sends them)
         self._t: float | None = None  # when played_s was last brought up to date
+        self._read_at: float | None = None  # since when sent audio waits unread (None: none)
 
     def _advance(self) -> None:
         if self._t is None:
@@ -53,11 +57,15 @@ class Listener:
         if self._t is None:
             self._t = self._clock()  # playback starts with the first audio
         self._advance()
+        if self._read_at is None and self.sent_s <= self.acked_s:
+            self._read_at = self._clock()  # the client had read everything until now
         self.sent_s += seconds
 
     def acked(self, upto_s: float) -> None:
         """The client has read every frame sent before audio second ``upto_s``."""
-        self.acked_s = max(self.acked_s, upto_s)
+        if upto_s > self.acked_s:
+            self.acked_s = upto_s
+            self._read_at = None if upto_s >= self.sent_s else self._clock()
 
     @property
     def consumed_s(self) -> float:
@@ -68,6 +76,15 @@ class Listener:
         """Seconds until more audio may be sent: 0 now, else when the real-time listener has
         played enough (an ack may come sooner)."""
         return max(0.0, self.sent_s - self.consumed_s - self.lead_s)
+
+    def too_slow(self, stall_s: float) -> bool:
+        return self.behind_s() > stall_s or self.unread_for_s() > stall_s + self.lead_s
+
+    def unread_for_s(self) -> float:
+        """How long the client has read nothing while sent audio waits (0 without acks)."""
+        if not self.acks or self._read_at is None:
+            return 0.0
+        return self._clock() - self._read_at
 
     def behind_s(self) -> float:
         """How far the client's reading lags a real-time listener (0 without acks: unknown)."""

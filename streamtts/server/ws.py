@@ -468,8 +468,9 @@ class WsConnection:
                 if not await self.outbox.wait_room(self._too_slow, _SLOW_POLL_S):
                     m.slow_clients_total.inc()
                     log.warning(
-                        "session %s: client %.1f s behind real time; dropping it",
-                        self.session.id, self.listener.behind_s(),
+                        "session %s: client %.1f s behind real time, read nothing for %.1f s; "
+                        "dropping it", self.session.id, self.listener.behind_s(),
+                        self.listener.unread_for_s(),
                     )  # fmt: skip
                     self.session.send_stalled(self.settings.send_stall_s)
                     await self._apply(self.session.actions())
@@ -510,7 +511,7 @@ class WsConnection:
                     self._observe_rtf()
 
     def _too_slow(self) -> bool:
-        return self.listener.behind_s() > self.settings.send_stall_s
+        return self.listener.too_slow(self.settings.send_stall_s)
 
     def _observe_ttfa(self) -> None:
         n = self.session.n

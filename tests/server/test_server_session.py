@@ -507,10 +507,32 @@ def test_listener_too_slow_means_behind_real_time() -> None:
         slow.acked(slow.sent_s * 0.75)
         clock.t += 1.0
     assert 9.0 < slow.behind_s() <= 10.0
+    assert slow.too_slow(9.0) and not slow.too_slow(10.0)
     blind = Listener(lead_s=4.0, acks=False, clock=clock)  # no acknowledgements: unknown
     blind.sent(10.0)
     clock.t += 9.0
-    assert blind.behind_s() == 0.0 and blind.wait_s() == 0.0
+    assert blind.behind_s() == 0.0 and blind.wait_s() == 0.0 and not blind.too_slow(1.0)
+
+
+def test_listener_that_reads_nothing_is_too_slow_whatever_the_buffers_hold() -> None:
+    from streamtts.server.pacing import Listener
+
+    clock = FakeClock()
+    li = Listener(lead_s=4.0, acks=True, clock=clock)
+    li.sent(1.0)  # all the socket takes: the sender waits on the socket from here
+    clock.t += 5.0
+    assert li.behind_s() == 1.0 and li.unread_for_s() == 5.0  # behind only what was sent
+    assert li.too_slow(0.5) and not li.too_slow(1.5)  # over stall 0.5 + lead 4, not 1.5 + 4
+    li.acked(0.5)  # it read some: the wait starts again
+    assert li.unread_for_s() == 0.0
+    clock.t += 2.0
+    assert li.unread_for_s() == 2.0
+    li.acked(1.0)  # all of it
+    clock.t += 30.0
+    assert li.unread_for_s() == 0.0  # nothing waits: a client with nothing to read is not slow
+    li.sent(1.0)
+    clock.t += 1.0
+    assert li.unread_for_s() == 1.0
 
 
 def test_outbox_abort_drops_audio_but_keeps_messages() -> None:
