@@ -99,7 +99,7 @@ class ServerState:
             lambda: engine.prefix_cache_info() if hasattr(engine, "prefix_cache_info") else {},
             lambda: 1.0 if voices.available else 0.0,
             lambda: dict(getattr(engine, "info", None) or {}),
-            engine.admission_info,
+            lambda: engine.admission_info() if hasattr(engine, "admission_info") else {},
         )
         self.drain = Drain(self.metrics, settings.drain_timeout_s)
         self.sessions = 0
