@@ -7,9 +7,10 @@
    any ``--server-arg``s.
 2. Sessions arrive as a Poisson process (exponential gaps, seeded) for ``--duration``
    seconds. Each speaks ``--min-sentences`` to ``--max-sentences`` sentences (drawn
-   uniformly; on the tiny demo model a sentence is about 3.5 s of audio): ``start``, the
-   text, ``end``, then it reads everything as it comes, noting when each audio frame
-   arrived.
+   uniformly; on the demo models a sentence is about 3.5 s of audio): ``start``, the
+   text, ``end``, then it listens as a player does: from its first audio it reads only
+   while it holds less than ``--ahead`` seconds (2) beyond its playback clock, noting when
+   each audio frame arrived (``--fast-reader``: it reads everything as it comes).
 3. Per session: TTFA (text sent to first audio), what a real-time listener starting at its
    first audio plus 50 / 100 / 200 ms would hear (streamtts/audio/continuity.py), or the
    refusal (``overloaded``, close 1013) and how long after connecting it came.
@@ -19,9 +20,11 @@
 
 ``--rate`` is arrivals per second. ``--load X`` instead sets the rate to X times the
 server's measured capacity: ``capacity_streams`` in ``/healthz`` (admission by measured
-capacity) divided by the mean session length measured in a first calibration run of
-``--calibrate`` sessions one after another (Little's law: streams in flight = arrival rate
-x time in system). Each level runs in turn on the same server.
+capacity) divided by the mean audio length of a session, measured in a first calibration
+run of ``--calibrate`` sessions one after another (Little's law: a listener holds its
+session for its audio's length, so sessions in flight = arrival rate x audio length; each
+engine stream steps through a whole frame every 80 ms). Each level runs in turn on the
+same server.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ def sentences(n: int, seed: int) -> str:
     return " ".join(f"Session {seed} says sentence number {i}, spoken as its own segment." for i in range(n))
 
 
-async def session(url: str, text: str, seed: int) -> dict[str, Any]:
+async def session(url: str, text: str, seed: int, ahead_s: float | None = 2.0) -> dict[str, Any]:
+    """One session; ``ahead_s``: a real-time listener holding at most that much audio beyond
+    its playback clock (None: it reads everything as it comes)."""
     t_connect = time.monotonic()
     out: dict[str, Any] = {"arrivals": [], "outcome": "failed"}
     try:
@@ -59,15 +64,29 @@ async def session(url: str, text: str, seed: int) -> dict[str, Any]:
             t_text = time.monotonic()
             await ws.send(json.dumps({"type": "text", "text": text}))
             await ws.send(json.dumps({"type": "end"}))
-            async for msg in ws:
+            got = 0.0
+            while True:
+                if ahead_s is not None and "t_first" in out:
+                    hold = got - (time.monotonic() - out["t_first"])  # audio in hand, unplayed
+                    if hold > ahead_s:
+                        await asyncio.sleep(hold - ahead_s)
+                        continue
+                try:
+                    msg = await ws.recv()
+                except ConnectionClosed as exc:
+                    out.setdefault("error", f"closed {exc.rcvd.code if exc.rcvd else None}")
+                    break
                 now = time.monotonic()
                 if isinstance(msg, bytes):
+                    got += len(msg) / BYTES_PER_S
+                    out.setdefault("t_first", now)
                     out["arrivals"].append((now, len(msg) / BYTES_PER_S))
                     out.setdefault("ttfa_s", now - t_text)
                     continue
                 ev = json.loads(msg)
                 if ev["type"] == "done":
                     out["outcome"] = "done"
+                    break
                 elif ev["type"] == "error" and ev.get("fatal"):
                     out["outcome"] = "refused" if ev["code"] == "overloaded" else ev["code"]
                     out["answer_s"] = now - t_connect
@@ -103,7 +122,8 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
             break
         await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
         n = rng.randint(a.min_sentences, a.max_sentences)
-        tasks.append(asyncio.create_task(session(url, sentences(n, seed * 10_000 + i), seed * 10_000 + i)))
+        sid = seed * 10_000 + i
+        tasks.append(asyncio.create_task(session(url, sentences(n, sid), sid, a.ahead)))
         i += 1
     res = await asyncio.gather(*tasks)
     wall = time.monotonic() - t0
@@ -121,7 +141,7 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
         "done": len(done),
         "refused": len(refused),
         "failed": len(res) - len(done) - len(refused),
-        "failures": sorted({r.get("error") or r["outcome"] for r in res if r["outcome"] not in ("done", "refused")}),
+        "failures": sorted({r["outcome"] if r["outcome"] != "failed" else str(r.get("error")) for r in res if r["outcome"] not in ("done", "refused")}),
         "audio_s_mean": round(statistics.mean(r["audio_s"] for r in done), 2) if done else None,
         "carried_streams": round(sum(r["arrivals"][-1][0] - r["arrivals"][0][0] for r in done if r["arrivals"]) / wall, 2),
         "ttfa_ms_p50": pct(ttfa, 50),
@@ -134,15 +154,14 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
 
 
 async def calibrate(url: str, a: argparse.Namespace) -> float:
-    """Mean seconds a session is in the system, alone (sessions one after another)."""
+    """Mean audio seconds of a session (sessions one after another, read as they come)."""
     spans = []
     for i in range(a.calibrate):
         n = (a.min_sentences + a.max_sentences) // 2 if a.calibrate == 1 else a.min_sentences + i * (a.max_sentences - a.min_sentences) // (a.calibrate - 1)
-        t0 = time.monotonic()
-        r = await session(url, sentences(n, 900 + i), 900 + i)
+        r = await session(url, sentences(n, 900 + i), 900 + i, None)
         if r["outcome"] != "done":
             raise RuntimeError(f"calibration session ended with {r['outcome']}: {r.get('error')}")
-        spans.append(time.monotonic() - t0)
+        spans.append(r["audio_s"])
     return statistics.mean(spans)
 
 
@@ -161,14 +180,14 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"config": a.config, "max_streams": a.max_streams, "server_args": a.server_arg,
                            "duration_s": a.duration, "sentences": [a.min_sentences, a.max_sentences], "levels": []}  # fmt: skip
     try:
-        await session(url, sentences(1, 1), 1)  # warm-up
+        await session(url, sentences(1, 1), 1, None)  # warm-up
         rates = [(r, None) for r in a.rate]
         if a.load:
             span = await calibrate(url, a)
             cap = health(http).get("capacity_streams")
             if cap is None:
                 raise SystemExit("streamtts: the server reports no capacity_streams in /healthz: use --rate")
-            out["calibration"] = {"session_s": round(span, 2), "capacity_streams": cap}
+            out["calibration"] = {"session_audio_s": round(span, 2), "capacity_streams": cap}
             rates = [(x * cap / span, x) for x in a.load]
         for k, (rate, load) in enumerate(rates):
             before = rss_mb(pid)
@@ -201,6 +220,8 @@ if __name__ == "__main__":
     p.add_argument("--pause", type=float, default=5.0, help="seconds between levels")
     p.add_argument("--min-sentences", type=int, default=1)
     p.add_argument("--max-sentences", type=int, default=12)
+    p.add_argument("--ahead", type=float, default=2.0, help="a listener's read-ahead beyond its playback clock (s)")
+    p.add_argument("--fast-reader", dest="ahead", action="store_const", const=None, help="read everything as it comes")
     p.add_argument("--out", help="write the results as JSON")
     args = p.parse_args()
     result = asyncio.run(main(args))

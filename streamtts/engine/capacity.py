@@ -87,7 +87,7 @@ class Capacity:
         self._capacity = None
 
     def finished(self) -> None:
-        """A stream ended (done, failed or aborted): its slot is free."""
+        """A stream ended (done, failed or aborted) and its slot is free for a new one."""
         self._finishes.append(self._clock())
 
     # -- estimates --------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class Capacity:
         return active < self.streams()
 
     def finish_rate(self) -> float | None:
-        """Streams ending per second lately; None before two ended within the window."""
+        """Slots freed for new streams per second lately; None before two within the window."""
         now = self._clock()
         recent = [t for t in self._finishes if now - t <= _FINISH_WINDOW_S]
         if len(recent) < 2 or recent[-1] <= recent[0]:

@@ -313,7 +313,9 @@ class EngineCore:
             log.exception("could not free KV cache of slot %d", slot)
         s = self.slots.release(slot)
         self.scheduler.released(slot)
-        if s is not None:
+        if s is not None and not (self.waiting and self.waiting[0].priority):
+            # a slot a new stream can have (a session's next segment waiting takes it first):
+            # the rate of these is what a new stream's wait is estimated from
             self.admission.finished()
         if s is not None and final is not None:
             self.decoder.submit(final)
