@@ -185,8 +185,8 @@ def _as_float(x: np.ndarray, name: str) -> np.ndarray:
     )
 
 
-def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> np.ndarray:
-    """A reference clip as the encoder wants it: float32 mono 24 kHz, normalised, padded.
+def load_clip(source: ReferenceSource, sample_rate: int | None = None) -> np.ndarray:
+    """A reference clip checked and as mono float32 at 24 kHz, not yet normalised or padded.
 
     ``source`` is a path or the bytes of a wav/flac/ogg file (any rate, mono or
     multichannel), or an array of samples, which then needs ``sample_rate``.
@@ -226,19 +226,24 @@ def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> n
         import soxr
 
         mono = soxr.resample(mono, sr, SAMPLE_RATE, quality="HQ").astype(np.float32, copy=False)
-    wav = loudness_normalize(mono)
+    log.debug("reference %s: %.2f s at %d Hz, %d channel(s)", name, seconds, sr, channels)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def encoder_input(clip: np.ndarray) -> np.ndarray:
+    """A :func:`load_clip` clip (or several joined end to end) as the encoder wants it:
+    loudness-normalised, zero-padded to whole frames (what the processor's encode does)."""
+    wav = loudness_normalize(clip)
     pad = -wav.shape[0] % FRAME_SAMPLES
     if pad:
         wav = np.concatenate([wav, np.zeros(pad, dtype=np.float32)])
-    log.debug(
-        "reference %s: %.2f s at %d Hz, %d channel(s) -> %d frames",
-        name,
-        seconds,
-        sr,
-        channels,
-        wav.shape[0] // FRAME_SAMPLES,
-    )
     return np.ascontiguousarray(wav, dtype=np.float32)
+
+
+def load_reference(source: ReferenceSource, sample_rate: int | None = None) -> np.ndarray:
+    """A reference clip as the encoder wants it: float32 mono 24 kHz, normalised, padded
+    (:func:`load_clip`, then :func:`encoder_input`)."""
+    return encoder_input(load_clip(source, sample_rate))
 
 
 def encode_reference(encoder: _Encoder, wav: np.ndarray) -> np.ndarray:

@@ -159,6 +159,15 @@ def speaker_arg(text: str) -> tuple[str, str]:
     return f"S{n}", path
 
 
+def speaker_text_arg(text: str) -> tuple[str, str]:
+    """``S1=Hello there.`` -> ("S1", "Hello there.") (argparse type of ``--speaker-text``)."""
+    key, sep, said = text.partition("=")
+    if not sep or not key.strip() or not said.strip():
+        raise argparse.ArgumentTypeError(f"expected TAG=TEXT (e.g. S1=\"Hello there.\"), got {text!r}")
+    tag, _ = speaker_arg(f"{key}=x")
+    return tag, said
+
+
 def check_config(args: argparse.Namespace) -> None:
     """The config loads (a YAML error or an unusable value says so now), and the model files
     it names exist (a config copied without its weights is the common case)."""

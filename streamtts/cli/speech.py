@@ -30,6 +30,7 @@ from .common import (
     positive_int,
     save_instead,
     speaker_arg,
+    speaker_text_arg,
     stdin_piped,
     wrote,
 )
@@ -64,6 +65,11 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", metavar="FILE", help="audio to continue (a clip or a .npy of codes)")
     p.add_argument("--prefix-codes", metavar="F.npy", help="pre-encoded audio to continue, (T, n_vq) codes")
     p.add_argument("--prefix-text", help="the --prefix audio's transcript (spoken before --text, as the official app does)")
+    p.add_argument(
+        "--speaker-text", action="append", type=speaker_text_arg, metavar="S1=TEXT", default=[],
+        help="what --speaker S1's clip says: continue the speakers' own clips (MOSS-TTSD's app; "
+        "their clips joined are the prefix, their transcripts go before --text); repeat per speaker",
+    )  # fmt: skip
     p.add_argument(
         "--language",
         help="language for the prompt: an ISO code or a name (en, English, zh, ...); sent in the model's own form",
@@ -148,6 +154,16 @@ def _check_request(args: argparse.Namespace) -> None:
         seen.add(key)
         check_voice(path, f"--speaker {key}")
     check_voice(args.prefix, "--prefix")
+    texts = dict(args.speaker_text)
+    for key in texts:
+        if key not in seen:
+            raise UsageError(f"--speaker-text {key}: the transcript of --speaker {key}'s clip; give --speaker {key}=FILE too")
+        if dict(args.speaker)[key].lower().endswith(".npy"):
+            raise UsageError(f"--speaker-text {key}: --speaker {key} is codes; continuing the clips needs its clip")
+    if len(texts) != len(args.speaker_text):
+        raise UsageError("--speaker-text: a speaker is given twice")
+    if texts and (args.prefix or args.prefix_text is not None):
+        raise UsageError("--speaker-text and --prefix: continue either the speakers' own clips or one prefix")
     if args.prefix_text is not None and not args.prefix:
         raise UsageError("--prefix-text is the transcript of --prefix: give --prefix FILE too")
     if args.tokens is not None and args.max_new_tokens is not None and args.tokens > args.max_new_tokens:
@@ -161,6 +177,8 @@ async def _voices(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
         kw["reference"] = await load_voice(engine, args.reference, "--reference")
     if args.speaker:
         kw["speakers"] = {k: await load_voice(engine, p, f"--speaker {k}") for k, p in args.speaker}
+    if args.speaker_text:
+        kw["speaker_texts"] = dict(args.speaker_text)
     if args.prefix:
         kw.update(prefix=await load_voice(engine, args.prefix, "--prefix"), prefix_text=args.prefix_text)
     return kw

@@ -14,6 +14,7 @@ import functools
 import itertools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -153,7 +154,8 @@ class AudioStream:
         sink = StreamSink(asyncio.get_running_loop(), self.stats)
         v = self._voices
         req = await asyncio.to_thread(
-            functools.partial(engine._preparer.prepare, speakers=v.speakers, prefix=v.prefix, prefix_text=v.prefix_text),
+            functools.partial(engine._preparer.prepare, speakers=v.speakers, prefix=v.prefix, prefix_text=v.prefix_text,
+                              speaker_texts=v.speaker_texts),
             self.rid, self._text, v.reference, self._options, sink, self.stats,
         )  # fmt: skip
         if isinstance(req, LongText):
@@ -317,6 +319,7 @@ class Engine:
         speakers: SpeakersLike | None = None,
         prefix: ReferenceLike = None,
         prefix_text: str | None = None,
+        speaker_texts: Mapping[str, str] | None = None,
         language: str | None = None,
         seed: int | None = None,
         sampling: SamplingParams | None = None,
@@ -329,7 +332,10 @@ class Engine:
         ``reference``: the voice to clone (a clip: path, bytes, samples; or a Voice).
         ``speakers``: a dialogue's voices instead, ``{"S1": ..., "S2": ...}`` for the text's
         ``[S1]``, ``[S2]`` tags. ``prefix``: audio to continue (a clip or a Voice, e.g.
-        ``Voice.from_codes``), ``prefix_text`` its transcript (goes before ``text``).
+        ``Voice.from_codes``), ``prefix_text`` its transcript (goes before ``text``). Or
+        ``speaker_texts``, ``{"S1": "what S1's clip says", ...}``: continue the speakers' own
+        clips (MOSS-TTSD's app), all of them encoded joined end to end as one prefix, their
+        transcripts tagged and merged before the dialogue (:meth:`speaker_prefix`).
         An empty ``text`` is valid with ``options.ambient_sound``.
         Text longer than one generation fits in the context is spoken as
         segments in one voice (``stream.segments`` lists them once it started); a
@@ -343,7 +349,9 @@ class Engine:
             import msgspec
 
             opts = msgspec.structs.replace(opts, **changes)
-        voices = VoiceRequest(reference=reference, speakers=speakers, prefix=prefix, prefix_text=prefix_text)
+        voices = VoiceRequest(
+            reference=reference, speakers=speakers, prefix=prefix, prefix_text=prefix_text, speaker_texts=speaker_texts
+        )
         return AudioStream(self, text, voices, opts)
 
     async def generate(self, text: str, **kwargs: Any) -> Synthesis:
@@ -369,6 +377,13 @@ class Engine:
         """Encode a reference clip once; pass the Voice as ``reference`` to later requests."""
         self._require_started()
         return await asyncio.to_thread(self._preparer.encode_voice, reference, sample_rate, name)
+
+    async def speaker_prefix(self, speakers: SpeakersLike, speaker_texts: Mapping[str, str]) -> tuple[Voice, str]:
+        """The prefix and its transcript that continue the speakers' own clips (``stream``'s
+        ``speaker_texts``), for a front door that passes them as ``prefix``/``prefix_text``:
+        the clips joined end to end, encoded once; the transcripts tagged."""
+        self._require_started()
+        return await asyncio.to_thread(self._preparer.speaker_prefix, speakers, speaker_texts)
 
     # -- introspection --------------------------------------------------------------------------
     @property

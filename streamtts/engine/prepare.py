@@ -13,19 +13,19 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..audio.reference import encode_reference, load_reference
+from ..audio.reference import encode_reference, encoder_input, load_clip
 from ..codec import AudioEncoder
 from ..config import EngineConfig
 from ..constants import FRAME_S, MAX_TEXT_CHARS
 from ..core.family import DEFAULT_KIND, MEMBERS, Member, language_for
 from ..core.prompt import PromptBuilder, PromptSpec, TextTokenizer, template
-from ..core.speakers import check_speakers
+from ..core.speakers import check_speakers, speaker_tags
 from ..core.tokens import TokenIds
 from ..errors import InputError, PromptTooLongError, ReferenceAudioError
 from ..model.tables import Embedder
@@ -42,10 +42,10 @@ from ..request import (
     check,
 )
 from ..request.rules import check_sampling
-from ..request.voices import SegmentSpeakers
+from ..request.voices import SegmentSpeakers, check_speaker_texts, speaker_number, speaker_tuple
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
-from ..text.ttsd import normalize_ttsd
+from ..text.ttsd import merge_speaker_turns, normalize_ttsd, prefixed_text
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
@@ -109,12 +109,48 @@ class Preparer:
             return self._encoder
 
     def encode_voice(self, reference: str | Path | bytes | np.ndarray, sample_rate: int | None = None, name: str = "") -> Voice:
-        wav = load_reference(reference, sample_rate)
-        codes = encode_reference(self.encoder(), wav)
+        clip = load_clip(reference, sample_rate)
+        return Voice(codes=self._encode(clip), name=name, clip=clip)
+
+    def _encode(self, clip: np.ndarray) -> np.ndarray:
+        codes = encode_reference(self.encoder(), encoder_input(clip))
         n = self.ids.n_vq
         if codes.ndim != 2 or codes.shape[1] < n or codes.shape[0] == 0:
             raise ReferenceAudioError(f"the encoder returned codes of shape {codes.shape}, expected (T, {n})")
-        return Voice(codes=codes[:, :n], name=name)  # an RVQ: the first n levels are the n-level codes
+        return np.ascontiguousarray(codes[:, :n])  # an RVQ: the first n levels are the n-level codes
+
+    def speaker_prefix(self, speakers: SpeakersLike, texts: Mapping[str, str]) -> tuple[Voice, str]:
+        """A continuation of the speakers' own clips (MOSS-TTSD's app: ``_encode_concat_prompt_audio``
+        and ``_build_prefixed_text``): the prefix is ONE encode of the clips of the speakers
+        ``texts`` names, joined end to end in speaker order (each at 24 kHz first), and its
+        transcript is theirs, each tagged ``[S{n}]`` unless it starts so. A speaker given as
+        codes has no clip to join: an error naming it."""
+        numbers = check_speaker_texts(texts, speakers, None, None)
+        by_number = {speaker_number(k): v for k, v in speakers.items()}
+        clips = []
+        for n in sorted(numbers):
+            v = by_number[n]
+            clip = v.clip if isinstance(v, Voice) else load_clip(v) if v is not None else None
+            if clip is None:
+                raise InputError(
+                    f"speaker_texts.S{n}: S{n}'s voice is given as codes; continuing the speakers' clips "
+                    f"needs S{n}'s clip (audio), encoded with the others' in one piece"
+                )
+            clips.append(clip)
+        joined = np.concatenate(clips)
+        said = "".join(prefixed_text("", {n: numbers[n]}) for n in sorted(numbers))
+        return Voice(codes=self._encode(joined), name="+".join(f"S{n}" for n in sorted(numbers)), clip=joined), said
+
+    def join_prefix(self, prefix_text: str, text: str, normalize: bool) -> str:
+        """The text to speak after a prefix whose transcript is ``prefix_text``: with the
+        MOSS-TTSD text path and a tagged transcript, merged as its ``_build_prefixed_text``
+        does (one speaker's consecutive turns joined), the dialogue normalised before and the
+        whole after (its app's order); else the transcript, a space, the text."""
+        if self.member.normalizer == "ttsd" and speaker_tags(prefix_text[:8]):
+            merged = merge_speaker_turns(prefix_text + (self.normalize(text) if normalize else text))
+            return self.normalize(merged) if normalize else merged
+        joined = join_prefix_text(prefix_text, text)
+        return self.normalize(joined) if normalize else joined
 
     def voice_for(self, voice: ReferenceLike, what: str) -> Voice | None:
         """``voice`` for this model: a clip encoded; codes of more levels cut to the model's
@@ -179,30 +215,41 @@ class Preparer:
         speakers: SpeakersLike | None = None,
         prefix: ReferenceLike = None,
         prefix_text: str | None = None,
+        speaker_texts: Mapping[str, str] | None = None,
     ) -> PreparedRequest | LongText:
         """The request's prompt rows and embeddings; or, for text longer than one generation
         fits in the context, its segments (and the voices encoded once for all of them).
 
         ``speakers``: a dialogue's voices (``S1`` -> voice of the text's ``[S1]``), instead
         of one ``reference``. ``prefix``: audio the generation continues (its transcript
-        ``prefix_text`` goes before the text). An empty text is valid with
-        ``options.ambient_sound`` (a sound, no speech: the prompt's text is ``None``).
+        ``prefix_text`` goes before the text); or ``speaker_texts``, the transcripts of the
+        speakers' own clips, which are then the prefix (:meth:`speaker_prefix`). An empty text
+        is valid with ``options.ambient_sound`` (a sound, no speech: the prompt's text is ``None``).
         """
         t0 = time.monotonic()
         if not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}")
         sampling = check(options, fixed_frames=options.fixed_frames) or check_sampling(self.cfg.sampling)
-        ordered = VoiceRequest(reference=reference, speakers=speakers, prefix=prefix, prefix_text=prefix_text).check()
-        if prefix_text is not None:
-            text = join_prefix_text(prefix_text, text)
-        if len(text) > MAX_TEXT_CHARS:
+        ordered = VoiceRequest(
+            reference=reference, speakers=speakers, prefix=prefix, prefix_text=prefix_text, speaker_texts=speaker_texts
+        ).check()
+        if speaker_texts and speakers:
+            # each speaker's clip encoded once: its voice, and a piece of the joined prefix
+            speakers = {k: self.voice_for(v, f"speakers.{k}") for k, v in speakers.items()}
+            ordered = speaker_tuple(speakers)
+            prefix, prefix_text = self.speaker_prefix(speakers, speaker_texts)
+        if len(text) + len(prefix_text or "") > MAX_TEXT_CHARS:
             raise InputError(
                 f"text is {len(text)} characters; the limit per request is {MAX_TEXT_CHARS}: split "
                 "it into several requests, or send it to `streamtts serve` (its WebSocket and "
                 "POST /v1/audio/speech cut text into segments and take more)"
             )
         normalize = self.cfg.normalize_text if options.normalize is None else options.normalize
-        clean = self.normalize(text) if normalize else text
+        if prefix_text is not None:
+            clean = self.join_prefix(prefix_text, text, normalize)
+            text = join_prefix_text(prefix_text, text)  # as given, for the messages below
+        else:
+            clean = self.normalize(text) if normalize else text
         sound_only = not clean.strip() and options.ambient_sound is not None
         if not sound_only:
             if not clean.strip():

@@ -50,7 +50,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -207,6 +207,7 @@ class SegmentedSpeech:
         speakers: dict[str, Voice] | None = None,
         prefix: Voice | None = None,
         prefix_text: str | None = None,
+        speaker_texts: Mapping[str, str] | None = None,
         lookahead: int = 1,
         continuity_frames: int = DEFAULT_CONTINUITY_FRAMES,
         fade_ms: float = DEFAULT_FADE_MS,
@@ -217,6 +218,8 @@ class SegmentedSpeech:
         self.speakers = SegmentSpeakers(speakers) if speakers else None
         self.prefix = prefix
         self.prefix_text = prefix_text
+        # the first segment continues the speakers' own clips (Engine.stream's speaker_texts)
+        self.speaker_texts = dict(speaker_texts) if speaker_texts else None
         self.lookahead = max(0, lookahead)
         self.continuity_frames = max(1, continuity_frames)
         self.fade_samples = int(round(fade_ms * SAMPLE_RATE / 1000.0))
@@ -322,6 +325,8 @@ class SegmentedSpeech:
             kw = {"speakers": self.speakers}
         if index == 0 and self.prefix is not None:
             kw.update(prefix=self.prefix, prefix_text=self.prefix_text)
+        if index == 0 and self.speaker_texts:
+            kw["speaker_texts"] = self.speaker_texts
         return kw
 
     def _collect_voice(self, g: _Gen, chunk: AudioChunk) -> None:

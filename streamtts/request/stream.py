@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,14 @@ class StreamOptions(GenerationFields, frozen=True, kw_only=True):
 
 @dataclass(frozen=True, slots=True)
 class Voice:
-    """An encoded reference voice: (T, n_vq) codes, reusable across requests."""
+    """An encoded reference voice: (T, n_vq) codes, reusable across requests; ``clip``: the
+    clip it was encoded from (mono float32 at 24 kHz, before loudness normalisation), kept
+    so that a continuation can encode several speakers' clips joined end to end (None for
+    a voice given as codes)."""
 
     codes: np.ndarray
     name: str = ""
+    clip: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def seconds(self) -> float:

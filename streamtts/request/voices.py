@@ -25,7 +25,7 @@ from typing import Generic, TypeVar
 from ..constants import MAX_SPEAKERS
 from ..errors import FieldError
 
-__all__ = ["SegmentSpeakers", "VoiceRequest", "speaker_number", "speaker_tuple"]
+__all__ = ["SegmentSpeakers", "VoiceRequest", "check_speaker_texts", "speaker_number", "speaker_tuple"]
 
 _KEY = re.compile(r"^\[?[Ss](\d+)\]?$")
 
@@ -57,6 +57,30 @@ def speaker_tuple(speakers: Mapping[str, T]) -> tuple[T | None, ...]:
     return tuple(by_number.get(i) for i in range(1, max(by_number) + 1))
 
 
+def check_speaker_texts(texts: Mapping[str, str], speakers: Mapping[str, object] | None, prefix: object, prefix_text: object) -> dict[int, str]:
+    """``speaker_texts`` (speaker tag -> the transcript of that speaker's clip) by speaker
+    number: each a non-empty string for a speaker ``speakers`` gives a voice, and no other
+    prefix beside them (their clips joined are the prefix)."""
+    if prefix is not None or prefix_text is not None:
+        raise FieldError(
+            "speaker_texts", "speaker_texts and prefix: continue either the speakers' own clips or one prefix, not both"
+        )
+    given = {speaker_number(k): k for k in (speakers or {})}
+    out: dict[int, str] = {}
+    for key, said in texts.items():
+        n = speaker_number(key)
+        if n in out:
+            raise FieldError("speaker_texts", f"speaker_texts: S{n} is given twice")
+        if n not in given:
+            raise FieldError(
+                "speaker_texts", f"speaker_texts.S{n}: the transcript of S{n}'s clip, but speakers gives no S{n}"
+            )
+        if not isinstance(said, str) or not said.strip():
+            raise FieldError("speaker_texts", f"speaker_texts.S{n} must be the non-empty transcript of S{n}'s clip")
+        out[n] = said
+    return out
+
+
 class SegmentSpeakers(dict[str, T]):
     """The speakers of one segment of a longer dialogue (what segmented.py passes): the
     segment carries every voice of the conversation but need not tag each of them (the
@@ -75,6 +99,9 @@ class VoiceRequest(Generic[T]):
     prefix: T | None = None
     prefix_text: str | None = None
     reference_name: str = "reference"
+    # a continuation of the speakers' own clips (MOSS-TTSD's app): speaker tag -> what that
+    # speaker's clip in ``speakers`` says; the clips joined end to end are the prefix
+    speaker_texts: Mapping[str, str] | None = None
 
     def check(self) -> tuple[T | None, ...]:
         """The rules between the voice fields; the speakers by position (speaker_tuple)."""
@@ -84,6 +111,8 @@ class VoiceRequest(Generic[T]):
                 f"{self.reference_name} and speakers: give either {self.reference_name} (one voice) "
                 "or speakers (a voice per [S1], [S2], ... tag), not both",
             )
+        if self.speaker_texts:
+            check_speaker_texts(self.speaker_texts, self.speakers, self.prefix, self.prefix_text)
         if self.prefix_text is not None:
             if not isinstance(self.prefix_text, str):
                 raise FieldError("prefix_text", f"prefix_text must be a string, got {type(self.prefix_text).__name__}")

@@ -34,6 +34,7 @@ class Configure:
     speakers: dict[str, Voice] | None = None  # a dialogue's voices (every context's)
     prefix: Voice | None = None  # continued by the implicit context's first segment
     prefix_text: str | None = None
+    speaker_texts: dict[str, str] | None = None  # or: it continues the speakers' own clips
 
 
 @dataclass(frozen=True, slots=True)

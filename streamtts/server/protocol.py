@@ -71,6 +71,8 @@ class Start(GenerationFields, tag="start", frozen=True, kw_only=True, forbid_unk
     speakers: dict[str, str] | None = None
     prefix: str | None = None  # audio to continue (as a voice): the first segment continues it
     prefix_text: str | None = None  # its transcript, spoken before the first segment's text
+    # or continue the speakers' own clips (MOSS-TTSD's app): {"S1": what S1's clip says, ...}
+    speaker_texts: dict[str, str] | None = None
     format: str | None = None  # see streamtts.audio.formats.FORMATS (default pcm_s16le_24000)
     min_chars: int | None = None  # segmenter: minimum length of a sentence segment
     clause_min_chars: int | None = None  # ... of a segment cut at a clause (comma) boundary

@@ -53,7 +53,7 @@ from ..errors import (
     VoiceStoreUnavailableError,
 )
 from ..request import StreamStats, Voice, WordTime
-from ..request.voices import speaker_number
+from ..request.voices import check_speaker_texts, speaker_number
 from ..text.segmenter import (
     DEFAULT_CLAUSE_MIN_CHARS,
     DEFAULT_MAX_CHARS,
@@ -647,6 +647,8 @@ class Session:
             return False
         try:
             check_voice_fields(reference, speakers, msg.prefix, msg.prefix_text)
+            if msg.speaker_texts:
+                check_speaker_texts(msg.speaker_texts, msg.speakers, msg.prefix, msg.prefix_text)
             seg_cfg = SegmenterConfig(
                 min_chars=s.min_chars if msg.min_chars is None else msg.min_chars,
                 clause_min_chars=s.clause_min_chars
@@ -665,7 +667,7 @@ class Session:
         self._seg_cfg = seg_cfg
         self._contexts[None] = _Context(None, Segmenter(seg_cfg), StreamEncoder(fmt))
         self.state = "streaming"
-        self._out.append(Configure(reference, options, speakers, prefix, msg.prefix_text))
+        self._out.append(Configure(reference, options, speakers, prefix, msg.prefix_text, msg.speaker_texts or None))
         self._send(
             Ready(
                 session=self.id,

@@ -49,7 +49,7 @@ from ..engine.segmented import (
 )
 from ..errors import FieldError, InputError, OverloadedError, VoiceStoreUnavailableError
 from ..request import GenerationFields, StreamOptions, Voice, WordTime
-from ..request.voices import speaker_tuple
+from ..request.voices import check_speaker_texts, speaker_number, speaker_tuple
 from ..text.segmenter import Segmenter, SegmenterConfig
 from ..timing.modes import check_timestamps
 from .app_state import ServerState
@@ -86,6 +86,8 @@ class SpeechRequest(GenerationFields, frozen=True, kw_only=True):
     speakers: dict[str, str] | None = None
     prefix: str | None = None
     prefix_text: str | None = None
+    # continue the speakers' own clips (MOSS-TTSD's app): {"S1": what S1's clip says, ...}
+    speaker_texts: dict[str, str] | None = None
 
 
 def error_response(
@@ -243,6 +245,7 @@ async def speech_endpoint(request: Request) -> Response:
             speakers=speakers,
             prefix=prefix,
             prefix_text=req.prefix_text,
+            speaker_texts=req.speaker_texts,
             lookahead=state.settings.lookahead,
             continuity_frames=state.settings.continuity_frames,
             fade_ms=state.settings.fade_ms,
@@ -339,13 +342,25 @@ async def _voice_fields(
     tags checked against the speakers here (its segments each carry only some)."""
     try:
         check_voice_fields(req.voice, req.speakers, req.prefix, req.prefix_text)
+        if req.speaker_texts:
+            check_speaker_texts(req.speaker_texts, req.speakers, req.prefix, req.prefix_text)
     except FieldError as exc:
         raise http_error(exc) from None
-    speakers, prefix = await resolve_voices(state, req.speakers, req.prefix)
+    keep = {speaker_number(k) for k in req.speaker_texts or {}}  # checked above
+    speakers, prefix = await resolve_voices(state, req.speakers, req.prefix, keep)
+    for key in req.speaker_texts or {}:
+        v = (speakers or {}).get(f"S{speaker_number(key)}")
+        if v is not None and v.clip is None:
+            raise SpeechRequestError(
+                ErrorCode.INVALID_OPTION, "speaker_texts",
+                f"speaker_texts.{key}: that speaker's voice is stored as codes; continuing the speakers' "
+                "clips needs the clip itself (send it base64 in speakers)",
+            )  # fmt: skip
     if speakers:
         try:
+            said = "".join(f"[S{speaker_number(k)}]{t}" for k, t in (req.speaker_texts or {}).items())
             check_speakers(
-                f"{req.prefix_text or ''} {req.input}", speaker_tuple(speakers),
+                f"{said}{req.prefix_text or ''} {req.input}", speaker_tuple(speakers),
                 voiceless=state.engine.prompt_template.by_position,
             )  # fmt: skip
         except InputError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from ..errors import InputError, ReferenceAudioError, VoiceStoreUnavailableError
 from ..request import Voice
@@ -36,8 +36,10 @@ class VoiceFieldError(InputError):
         self.field = field
 
 
-async def resolve_voice(state: ServerState, value: object, field: str) -> Voice:
-    """The voice ``value`` names or holds (see the module doc)."""
+async def resolve_voice(state: ServerState, value: object, field: str, *, keep_clip: bool = False) -> Voice:
+    """The voice ``value`` names or holds (see the module doc). ``keep_clip``: a base64 clip is
+    encoded here and its Voice keeps the clip (a continuation of the speakers' own clips joins
+    them: Engine.stream's ``speaker_texts``), not stored (the store keeps codes)."""
     if not isinstance(value, str) or not value:
         raise VoiceFieldError(ErrorCode.INVALID_OPTION, field, "expected a voice id, a voice name or a base64 clip")
     if value in state.voice_names.own:
@@ -61,6 +63,9 @@ async def resolve_voice(state: ServerState, value: object, field: str) -> Voice:
                 ErrorCode.INVALID_REFERENCE_AUDIO, field,
                 "neither a voice id or name nor a base64 clip (not valid base64)",
             ) from None  # fmt: skip
+        if keep_clip:
+            clipped: Voice = await state.engine.encode_voice(data)
+            return clipped
         info = await state.voices.add(data)
     except VoiceStoreUnavailableError as exc:
         raise VoiceFieldError(ErrorCode.VOICE_STORE_UNAVAILABLE, field, f"{exc}; try again shortly") from exc
@@ -73,9 +78,10 @@ async def resolve_voice(state: ServerState, value: object, field: str) -> Voice:
 
 
 async def resolve_voices(
-    state: ServerState, speakers: Mapping[str, str] | None, prefix: str | None
+    state: ServerState, speakers: Mapping[str, str] | None, prefix: str | None, keep_clips: Collection[int] = ()
 ) -> tuple[dict[str, Voice] | None, Voice | None]:
-    """(the speakers' voices ``S1`` -> Voice, the prefix's voice); None where not given."""
+    """(the speakers' voices ``S1`` -> Voice, the prefix's voice); None where not given.
+    ``keep_clips``: the speaker numbers whose clips are kept (:func:`resolve_voice`)."""
     cast: dict[str, Voice] | None = None
     if speakers:
         cast = {}
@@ -86,6 +92,6 @@ async def resolve_voices(
                 raise VoiceFieldError(ErrorCode.INVALID_OPTION, "speakers", str(exc).removeprefix("speakers: ")) from exc
             if f"S{n}" in cast:
                 raise VoiceFieldError(ErrorCode.INVALID_OPTION, "speakers", f"S{n} is given twice")
-            cast[f"S{n}"] = await resolve_voice(state, value, f"speakers.{key}")
+            cast[f"S{n}"] = await resolve_voice(state, value, f"speakers.{key}", keep_clip=n in keep_clips)
     start = None if prefix is None else await resolve_voice(state, prefix, "prefix")
     return cast, start

@@ -37,6 +37,7 @@ from ..constants import FRAME_RATE
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
 from ..errors import InputError, VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
+from ..request.voices import speaker_number
 from .app_state import ServerState
 from .drain import refuse_websocket
 from .hosts import deny_websocket
@@ -62,6 +63,25 @@ __all__ = ["Outbox", "websocket_endpoint"]
 
 _CLOSE_TIMEOUT_S = 1.0
 _SLOW_POLL_S = 0.5  # how often a full outbox asks whether its client fell behind real time
+
+
+def _continued(message: Start) -> set[str]:
+    """The ``speakers.KEY`` fields whose clips a `start`'s ``speaker_texts`` continues (the
+    session checks the keys; one it cannot read is left to that check)."""
+    wanted: set[int] = set()
+    for key in message.speaker_texts or {}:
+        try:
+            wanted.add(speaker_number(key))
+        except InputError:
+            continue
+    out: set[str] = set()
+    for key in message.speakers or {}:
+        try:
+            if speaker_number(key) in wanted:
+                out.add(f"speakers.{key}")
+        except InputError:
+            continue
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +213,7 @@ class WsConnection:
         self._reference: Voice | None = None  # from `start`, else the first voice a context fixed
         self._speakers: dict[str, Voice] | None = None  # a dialogue's voices (`start`)
         self._prefix: tuple[Voice, str | None] | None = None  # continued by the first pipeline
+        self._speaker_texts: dict[str, str] | None = None  # or the speakers' clips, by it
         self._timing_rate: float | None = None  # speaking rate the word times measured last
         self._options = StreamOptions()
         self.sender: asyncio.Task[None] | None = None
@@ -292,9 +313,10 @@ class WsConnection:
         fields = [(f"speakers.{k}", v) for k, v in (message.speakers or {}).items()]
         if message.prefix is not None:
             fields.append(("prefix", message.prefix))
+        clips = _continued(message)
         for name, value in fields:
             try:
-                self._field_voices[value] = await resolve_voice(self.state, value, name)
+                self._field_voices[value] = await resolve_voice(self.state, value, name, keep_clip=name in clips)
             except VoiceFieldError as exc:
                 self._voice_errors[value] = exc
 
@@ -389,6 +411,7 @@ class WsConnection:
                 (q.reference for q in self.pipelines.values() if q.reference is not None), None
             )
         prefix, prefix_text = self._prefix or (None, None)
+        speaker_texts, self._speaker_texts = self._speaker_texts, None
         self._prefix = None  # the session's first pipeline continues it; later ones, its voices
         p = SegmentedSpeech(
             self.state.engine,
@@ -397,6 +420,7 @@ class WsConnection:
             speakers=self._speakers,
             prefix=prefix,
             prefix_text=prefix_text,
+            speaker_texts=speaker_texts,
             lookahead=self.settings.lookahead,
             continuity_frames=self.settings.continuity_frames,
             fade_ms=self.settings.fade_ms,
@@ -489,6 +513,7 @@ class WsConnection:
                 self._reference, self._options = a.reference, a.options
                 self._speakers = a.speakers
                 self._prefix = None if a.prefix is None else (a.prefix, a.prefix_text)
+                self._speaker_texts = a.speaker_texts
                 self._field_voices.clear()
                 self._pipeline(None)  # the implicit context's, at once (as before contexts)
             elif isinstance(a, Synthesize):

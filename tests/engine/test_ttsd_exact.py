@@ -108,14 +108,67 @@ def test_normalisation_is_ttsds_own(engine: tuple[Engine, asyncio.AbstractEventL
     text = "[1] Well... it rained; a lot! [2] Ha ha, really?"
     assert normalize_ttsd(text) != normalize_text(text)
 
-    async def main() -> np.ndarray:
-        s = eng.stream(text, options=StreamOptions(seed=1, max_new_tokens=2))
-        async with s:
-            async for _ in s:
-                pass
-        assert s.prompt is not None
-        return s.prompt
-
-    prompt = loop.run_until_complete(main())
+    prompt, _ = stream_rows(eng, loop, text, StreamOptions(seed=1, max_new_tokens=2, rows=True))
     want = eng._preparer.prompts.build(PromptSpec(text=normalize_ttsd(text))).rows
     np.testing.assert_array_equal(prompt, want)
+
+
+def _wav(path: Path, seconds: float, hz: float, rate: int) -> Path:
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    sf.write(path, 0.3 * np.sin(2 * np.pi * hz * t), rate, subtype="PCM_16")
+    return path
+
+
+def test_a_continuation_of_the_speakers_own_clips(
+    engine: tuple[Engine, asyncio.AbstractEventLoop, Path], tmp_path: Path
+) -> None:
+    """MOSS-TTSD's app continues the speakers' clips (``voice_clone_and_continuation``): each
+    clip is its speaker's reference, the prefix is ONE encode of the clips joined end to end
+    (each at 24 kHz first; here they come at 16 and 44.1 kHz), and the prompt's text is the
+    transcripts tagged, then the dialogue, one speaker's turns merged (the fixture's
+    continuation case has that text)."""
+    from streamtts.audio.reference import load_clip
+    from streamtts.core.prompt import PromptSpec
+
+    eng, loop, _ = engine
+    # 1.05 s and 0.9 s: 13.1 and 11.25 frames, 25 joined (24.4), 26 encoded apart (14 + 12)
+    a, b = _wav(tmp_path / "a.wav", 1.05, 180.0, 16000), _wav(tmp_path / "b.wav", 0.9, 260.0, 44100)
+    texts = {"S2": "Second prompt words.", "S1": "First prompt words."}
+    opts = StreamOptions(seed=1, max_new_tokens=20, normalize=False, rows=True)
+    prompt, _ = stream_rows(eng, loop, "[S1] Now the new line.", opts, speakers={"S1": a, "S2": b}, speaker_texts=texts)
+    p = eng._preparer
+    clip_a, clip_b = load_clip(a), load_clip(b)
+    joined = p._encode(np.concatenate([clip_a, clip_b]))
+    per_speaker = (p._encode(clip_a), p._encode(clip_b))
+    want = p.prompts.build(PromptSpec(
+        text="[S1]First prompt words.[S2]Second prompt words.[S1]Now the new line.",
+        references=per_speaker, prefix_codes=joined,
+    )).rows  # fmt: skip
+    np.testing.assert_array_equal(prompt, want)
+    assert joined.shape[0] == 25 and sum(c.shape[0] for c in per_speaker) == 26
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"speaker_texts": {"S3": "x"}}, "speaker_texts.S3: the transcript of S3's clip, but speakers gives no S3"),
+        ({"speaker_texts": {"S1": " "}}, "speaker_texts.S1 must be the non-empty transcript"),
+        ({"speaker_texts": {"S1": "x"}, "prefix_text": "y"}, "speaker_texts and prefix"),
+        ({"speaker_texts": {"S2": "x"}}, "S2's voice is given as codes"),
+    ],
+)
+def test_bad_speaker_texts_are_named(
+    engine: tuple[Engine, asyncio.AbstractEventLoop, Path], tmp_path: Path, kw: dict[str, Any], match: str
+) -> None:
+    eng, loop, _ = engine
+    speakers = {"S1": _wav(tmp_path / "a.wav", 1.0, 200.0, 24000), "S2": Voice.from_codes(np.zeros((4, 16), np.int64))}
+
+    async def main() -> None:
+        async with eng.stream("[S1] Hi. [S2] Yo.", speakers=speakers, options=StreamOptions(max_new_tokens=4), **kw) as s:
+            async for _ in s:
+                pass
+
+    with pytest.raises(Exception, match=match):
+        loop.run_until_complete(main())
