@@ -112,7 +112,10 @@ class NonFiniteLogitsError(GenerationError):
 
     def __init__(self, rows: Sequence[int] | Any, what: str = "rows") -> None:
         self.rows = tuple(int(r) for r in rows)
-        super().__init__(f"non-finite logits or nothing left to sample in {what} {list(self.rows)}")
+        super().__init__(
+            f"non-finite logits (NaN or inf: the backbone's arithmetic overflowed, e.g. float16 for a "
+            f"model whose activations exceed it) or nothing left to sample in {what} {list(self.rows)}"
+        )
 
 
 class EngineClosedError(StreamTTSError):

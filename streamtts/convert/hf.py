@@ -589,6 +589,16 @@ def _check_kind(name: str) -> None:
         raise ConfigError(f"--model-kind: {exc}") from None
 
 
+def _warn_f16(job: _Job) -> None:
+    """F16 output for a member whose activations overflow float16: written as asked (a
+    quantized type is made from it), but the engine refuses to run it (engine/assemble.py)."""
+    from ..core.family import F16_OVERFLOW, MEMBERS
+
+    m = MEMBERS[job.member.kind]
+    if m.f16_overflows and job.primary == "F16":
+        log.warning("%s as F16: the engine will refuse it: %s", m.title, F16_OVERFLOW)
+
+
 def convert_hf(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -626,6 +636,7 @@ def convert_hf(
         raise ModelFileError(out_dir, "an output folder", "it is a file")
     folder = resolve_source(src, revision=revision, fetcher=fetcher)
     job = _Job(folder, out_dir, qs, fused, keep_f16, src=os.fspath(src), model_kind=model_kind)
+    _warn_f16(job)
     try:
         needed = job.check_space()
         result = ConvertResult(out_dir=out_dir, config_yaml=out_dir / "config.yaml", source=folder)

@@ -65,6 +65,10 @@ class Member:
     # reads generation_config.json; else the engine's)
     max_new_tokens: int = 3072
     source: str = GITHUB_SOURCE  # the code its template, presets and normaliser follow
+    # its activations overflow float16 (reports: attention-sink activations near 169k, past
+    # float16's 65504): llama.cpp multiplies by an F16 matrix in float16, on every backend (the
+    # CPU's F16 dot product converts the activations to F16 too), so an F16 GGUF gives NaN
+    f16_overflows: bool = False
 
     def sampling_defaults(self) -> dict[str, float | int]:
         """The sampling keys (EngineConfig / SamplingParams names) of this member's preset."""
@@ -92,9 +96,9 @@ MEMBERS: dict[str, Member] = {
         Member("moss-ttsd", "MOSS-TTSD-v1.0", "OpenMOSS-Team/MOSS-TTSD-v1.0", 16, "Qwen3-8B",
                1.1, 0.9, 50, 1.1, "as-given", ("text", "speakers", "prefix"),
                template="moss-ttsd", text_preset=(1.1, 0.9, 50), normalizer="ttsd",
-               reads_generation_config=True, max_new_tokens=1000, source=TTSD_SOURCE),
+               reads_generation_config=True, max_new_tokens=1000, source=TTSD_SOURCE, f16_overflows=True),
         Member("moss-voice-generator", "MOSS-VoiceGenerator", "OpenMOSS-Team/MOSS-VoiceGenerator", 16,
-               "Qwen3-1.7B", 1.5, 0.6, 50, 1.1, "as-given", ("text", "instruction")),
+               "Qwen3-1.7B", 1.5, 0.6, 50, 1.1, "as-given", ("text", "instruction"), f16_overflows=True),
         # its own processor: the GitHub template, a duration of 125 frames (10 s) when none is given
         Member("moss-sound-effect", "MOSS-SoundEffect", "OpenMOSS-Team/MOSS-SoundEffect", 16, "Qwen3-8B",
                1.5, 0.6, 50, 1.2, "as-given", ("ambient_sound", "sound_event", "tokens"),
@@ -111,6 +115,13 @@ _NAME_PATTERNS: tuple[tuple[str, ModelKind], ...] = (
     (r"ttsd", "moss-ttsd"),
     (r"tts[-_ ]?v?1[._-]?5", "moss-tts-v1.5"),
     (r"moss[-_ ]?tts", "moss-tts"),
+)
+
+
+F16_OVERFLOW = (
+    "its activations reach about 169k (reported for MOSS-TTSD-8B and MOSS-VoiceGenerator), past "
+    "float16's 65504, and llama.cpp multiplies by an F16 matrix in float16 on every backend (NaN): "
+    "use --quant BF16, F32 or a quantized type (Q8_0, Q4_K_M)"
 )
 
 

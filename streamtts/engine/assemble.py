@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 
 from ..config import EngineConfig, find_model_config, with_defaults
-from ..core.family import DEFAULT_KIND, Member, load_bundle_member, member
+from ..core.family import DEFAULT_KIND, F16_OVERFLOW, MEMBERS, Member, load_bundle_member, member
 from ..core.tokens import TokenIds, load_token_ids
 from ..errors import ConfigError, InputError, ModelFileError
 from .backbone_calls import BackboneFactory, BackboneLike
@@ -201,6 +201,27 @@ def _member_defaults(cfg: EngineConfig, mc: Path | None) -> tuple[EngineConfig, 
     return out, member.kind
 
 
+def _check_compute_type(gguf: Path, kind: str) -> None:
+    """A member whose activations overflow float16 (``Member.f16_overflows``) refuses a GGUF
+    whose layer matrices are F16: llama.cpp would compute their products in float16 (NaN)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    m = MEMBERS.get(kind)
+    if m is None or not m.f16_overflows:
+        return
+    try:
+        reader = GGUFReader(str(gguf))
+    except Exception as exc:  # gguf raises ValueError/struct errors; the load reports it better
+        log.debug("%s: not read for its tensor types (%s)", gguf, exc)
+        return
+    f16 = [t.name for t in reader.tensors if t.name.startswith("blk.") and t.tensor_type == GGMLQuantizationType.F16]
+    if f16:
+        raise ModelFileError(
+            gguf, f"a {m.title} backbone whose layers are not F16",
+            f"{len(f16)} layer matrices are F16 ({f16[0]}, ...); {F16_OVERFLOW}",
+        )
+
+
 def build_runtime(
     cfg: EngineConfig,
     backbone_factory: BackboneFactory | None = None,
@@ -228,11 +249,15 @@ def build_runtime(
     # explicit fused_gguf, else one found or written next to the backbone (fused_heads)
     from ..model.fused import read_fused_info
 
+    if kind is not None and cfg.backbone_gguf and Path(cfg.backbone_gguf).is_file():
+        _check_compute_type(Path(cfg.backbone_gguf), kind)  # before a fused file is made from it
     fused_path = fused_heads(cfg, ids)
     if fused_path and not cfg.fused_gguf:
         gguf = fused_path
     else:
         gguf = _require(cfg, "fused_gguf" if fused_path else "backbone_gguf", "a Qwen3 GGUF backbone")
+    if kind is not None:
+        _check_compute_type(Path(gguf), kind)
     # audio heads in llama.cpp's graph, or in NumPy (plain backbone, or a text-rows-only file)
     fused = bool(fused_path) and read_fused_info(gguf).has_audio
     if cfg.heads_backend == "fused" and not fused:

@@ -2,7 +2,8 @@
 (written by ``streamtts convert-hf``) become the engine's sampling keys, unless the user's config
 file (or an override) sets them; the engine reports the member in its info.
 
-Real components: the family fixture's n_vq 16 checkpoint converted to F16, loaded by llama.cpp,
+Real components: the family fixture's n_vq 16 checkpoint converted to BF16 (an F16 TTSD backbone
+is refused: its activations overflow float16), loaded by llama.cpp,
 with the demo model's codec beside it.
 """
 
@@ -30,7 +31,7 @@ def _bundle(root: Path, demo_model_dir: Path, *, generation: dict[str, Any] | No
     src = family_checkpoint("nvq16", root, name="MOSS-TTSD-v1.0")
     if generation is not None:
         (src / "generation_config.json").write_text(json.dumps(generation), encoding="utf-8")
-    convert_hf(src, root / "bundle", ["F16"], gpu=False)
+    convert_hf(src, root / "bundle", ["BF16"], gpu=False)
     (root / CODEC_DIR).symlink_to(demo_model_dir / CODEC_DIR, target_is_directory=True)
     return root / "bundle" / "config.yaml"
 
@@ -97,3 +98,26 @@ def test_a_bundle_without_a_member_keeps_the_built_in_defaults(demo_model_dir: P
     cfg, info, _ = _loaded(demo_model_dir / "config.yaml")
     assert info["model_kind"] == "moss-tts"  # a config.json naming no member is MOSS-TTS 1.0
     assert _sampling(cfg) == {k: getattr(EngineConfig(), k) for k in TTSD}
+
+
+@pytest.mark.parametrize("kind", ["moss-ttsd", "moss-voice-generator"])
+def test_an_f16_backbone_of_a_member_that_overflows_it_is_refused(
+    kind: str, tmp_path: Path, demo_model_dir: Path, bridge_lib: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MOSS-TTSD-8B's and VoiceGenerator's activations pass float16's range, and llama.cpp
+    multiplies by an F16 matrix in float16: convert-hf warns, and the engine refuses the file
+    (naming it and what to convert to) rather than produce NaN; a SoundEffect F16 loads."""
+    import logging
+
+    from streamtts.errors import ModelFileError
+
+    src = family_checkpoint("nvq16", tmp_path, name="checkpoint")
+    with caplog.at_level(logging.WARNING, logger="streamtts.convert.hf"):
+        convert_hf(src, tmp_path / "bundle", ["F16"], gpu=False, model_kind=kind)
+    assert "the engine will refuse it" in caplog.text
+    (tmp_path / CODEC_DIR).symlink_to(demo_model_dir / CODEC_DIR, target_is_directory=True)
+    with pytest.raises(ModelFileError, match=r"MOSS_TTS_F16.gguf.*layer matrices are F16.*--quant BF16, F32"):
+        _loaded(tmp_path / "bundle" / "config.yaml")
+    convert_hf(src, tmp_path / "bundle", ["F16"], gpu=False, model_kind="moss-sound-effect")
+    cfg, info, _ = _loaded(tmp_path / "bundle" / "config.yaml")
+    assert info["model_kind"] == "moss-sound-effect"
