@@ -184,7 +184,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         rates = [(r, None) for r in a.rate]
         if a.load:
             span = await calibrate(url, a)
-            cap = health(http).get("capacity_streams")
+            cap = a.capacity or health(http).get("capacity_streams")
             if cap is None:
                 raise SystemExit("streamtts: the server reports no capacity_streams in /healthz: use --rate")
             out["calibration"] = {"session_audio_s": round(span, 2), "capacity_streams": cap}
@@ -215,6 +215,11 @@ if __name__ == "__main__":
     p.add_argument("--max-streams", type=int, default=16)
     p.add_argument("--rate", type=float, nargs="*", default=[0.5], help="arrivals per second, one level each")
     p.add_argument("--load", type=float, nargs="*", help="levels as multiples of the measured capacity (instead of --rate)")
+    p.add_argument(
+        "--capacity", type=int,
+        help="--load in multiples of this many streams (e.g. the capacity an earlier run found under load) "
+        "instead of what /healthz says after the calibration (sessions alone: no contention)",
+    )  # fmt: skip
     p.add_argument("--calibrate", type=int, default=3, help="sessions timed alone to learn a session's length (--load)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per level")
     p.add_argument("--pause", type=float, default=5.0, help="seconds between levels")
