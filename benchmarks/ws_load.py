@@ -90,7 +90,11 @@ async def session(url: str, text: str, seed: int, ahead_s: float | None = 2.0) -
                 elif ev["type"] == "error" and ev.get("fatal"):
                     out["outcome"] = "refused" if ev["code"] == "overloaded" else ev["code"]
                     out["answer_s"] = now - t_connect
-    except (ConnectionClosed, OSError, TimeoutError) as exc:
+    except ConnectionClosed as exc:  # closed while sending: refused at the session limit
+        out["error"] = repr(exc)
+        if exc.rcvd is not None and exc.rcvd.code == 1013 and exc.rcvd.reason == "overloaded":
+            out["outcome"], out["answer_s"] = "refused", time.monotonic() - t_connect
+    except (OSError, TimeoutError) as exc:
         out["error"] = repr(exc)
     out["audio_s"] = sum(s for _, s in out["arrivals"])
     return out
