@@ -62,6 +62,7 @@ class Capacity:
         self.admitted = 0
         self.queued = 0
         self.refused = 0
+        self.refused_early = 0  # by the front end, before preparing (its thread's own counter)
 
     # -- what the engine measures ----------------------------------------------------------
     def observe(self, streams: int, tick_s: float) -> None:
@@ -159,5 +160,5 @@ class Capacity:
             "finish_rate_per_s": self.finish_rate() or 0.0,
             "admitted": self.admitted,
             "queued": self.queued,
-            "refused": self.refused,
+            "refused": self.refused + self.refused_early,
         }

@@ -151,6 +151,10 @@ class AudioStream:
             raise OverloadedError(
                 f"all {core.capacity} stream slots are busy and {core.queued_streams} requests are waiting"
             )
+        refused = None if self.priority else core.refusal()
+        if refused is not None:  # at once, before the request is prepared
+            core.admission.refused_early += 1
+            raise refused
         sink = StreamSink(asyncio.get_running_loop(), self.stats)
         v = self._voices
         req = await asyncio.to_thread(

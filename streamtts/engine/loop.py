@@ -230,22 +230,35 @@ class EngineCore:
             at = next((i for i, r in enumerate(self.waiting) if not r.priority), len(self.waiting))
             self.waiting.insert(at, req)
             return
-        if self._by_capacity:
-            ahead = len(self.waiting)
-            if ahead or self.slots.free_slot() is None or not cap.admits(self.slots.active):
-                if cap.refuses(ahead):
-                    cap.refused += 1
-                    retry = cap.retry_after_s(ahead)
-                    err = OverloadedError(
-                        f"the engine is at its measured capacity ({cap.streams()} streams in real "
-                        f"time) and no slot is expected within {cap.deadline_s:g} s; retry in {retry} s",
-                        retry_after_s=retry,
-                    )
-                    self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
-                    del self._queued_at[req.rid]
-                    return
-                cap.queued += 1
+        if self._by_capacity and not self._startable():
+            err = self.refusal()
+            if err is not None:
+                cap.refused += 1
+                self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+                del self._queued_at[req.rid]
+                return
+            cap.queued += 1
         self.waiting.append(req)
+
+    def _startable(self) -> bool:
+        """Whether a new stream would start at once (nothing queued, a slot and capacity)."""
+        return not self.waiting and self.slots.free_slot() is not None and self.admission.admits(self.slots.active)
+
+    def refusal(self) -> OverloadedError | None:
+        """By capacity: the error refusing a new stream that cannot start now and would wait
+        past its first-audio deadline; None when it may start or wait. Read by the front end
+        too, before it prepares a request (a stale answer there is checked again here)."""
+        if not self._by_capacity or self._startable():
+            return None
+        cap, ahead = self.admission, len(self.waiting)
+        if not cap.refuses(ahead):
+            return None
+        retry = cap.retry_after_s(ahead)
+        return OverloadedError(
+            f"the engine is at its measured capacity ({cap.streams()} streams in real time) and "
+            f"no slot is expected within {cap.deadline_s:g} s; retry in {retry} s",
+            retry_after_s=retry,
+        )
 
     def _expire_waiting(self) -> None:
         if not self.waiting:
