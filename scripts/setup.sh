@@ -8,7 +8,8 @@
 #                                  # redis-server and haproxy for the cluster tests, espeak-ng
 #                                  # for the word-timing benchmark and test) and the Vulkan build
 #                                  # of llama.cpp, run on Mesa's lavapipe by the vulkan tests
-#                                  # (once per cache: ~12 min on 2 cores)
+#                                  # (once per cache: ~12 min on 2 cores), and buildah +
+#                                  # mmdebstrap for the container image test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,9 @@ pkgs=(build-essential cmake python3-venv libportaudio2 libsndfile1 curl)
 # llama.cpp's Vulkan backend (the loader, shader compiler, SPIR-V headers) and Mesa's
 # drivers, lavapipe among them: a Vulkan device on the CPU for the vulkan tests
 [ "$WITH_TEST" = 1 ] && pkgs+=(libvulkan-dev glslc glslang-tools spirv-headers mesa-vulkan-drivers)
+# the container image test (scripts/test_image.sh): buildah builds and runs deploy/Dockerfile,
+# mmdebstrap makes its Debian base from packages (no registry needed)
+[ "$WITH_TEST" = 1 ] && pkgs+=(buildah mmdebstrap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

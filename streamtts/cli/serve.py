@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STREAMTTS_TOKEN"
 VOICE_STORE_ENV = "STREAMTTS_VOICE_STORE"
+PORT_ENV = "STREAMTTS_PORT"
 
 # Flags that set one settings field each: flag, the field, type, help; the default is the
 # field's own. One table for the parser and for settings_from_args (argparse's dest = the field).
@@ -70,7 +71,12 @@ def add_parser(sub: Any) -> None:
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, default=8000, help="port (0 = any free port; the bound port is printed)"
+        "--port",
+        type=int,
+        # a string: argparse converts it as it does a typed value (a bad $STREAMTTS_PORT is a
+        # usage error naming --port)
+        default=os.environ.get(PORT_ENV, "8000"),
+        help=f"port (0 = any free port; the bound port is printed; default ${PORT_ENV}, else 8000)",
     )
     p.add_argument("--queue-size", type=int, help="override the engine's queue_size")
     p.add_argument(

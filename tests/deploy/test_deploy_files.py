@@ -50,22 +50,62 @@ def test_dockerfile_passes_hadolint() -> None:
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def dockerfile_lines() -> list[str]:
+    """deploy/Dockerfile's instructions, continuation lines joined, comments left out."""
+    out: list[str] = []
+    cont = False
+    for raw in (DEPLOY / "Dockerfile").read_text().splitlines():
+        ln = raw.strip()
+        if not ln or ln.startswith("#"):
+            continue
+        if cont:
+            out[-1] += " " + ln.rstrip("\\").strip()
+        else:
+            out.append(ln.rstrip("\\").strip())
+        cont = ln.endswith("\\")
+    return out
+
+
 def test_dockerfile_stages_user_and_no_weights() -> None:
-    text = (DEPLOY / "Dockerfile").read_text()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = dockerfile_lines()
     froms = [ln for ln in lines if ln.startswith("FROM ")]
-    assert any("nvidia/cuda" in f and "AS build-base-1" in f for f in froms)
-    assert "FROM build-base-${STREAMTTS_CUDA} AS build" in froms
-    assert froms[-1] == "FROM run-base-${STREAMTTS_CUDA} AS runtime"  # multi-stage, CPU or CUDA
+    # the base is an argument (scripts/test_image.sh passes a Debian base made from packages),
+    # the public image by default; per stage for the CUDA images (devel / runtime)
+    assert "ARG BASE=debian:bookworm-slim" in lines[: lines.index(froms[0])]
+    assert froms == ["FROM ${BUILD_BASE} AS build", "FROM ${RUN_BASE} AS runtime"]  # multi-stage
     final = lines[lines.index(froms[-1]) :]
+    build = lines[lines.index(froms[0]) : lines.index(froms[-1])]
+    # compilers only in the build stage; the package built there as pip builds it, per variant
+    assert any("build-essential" in ln for ln in build) and not any("build-essential" in ln for ln in final)
+    assert any("pip wheel" in ln for ln in build) and "ARG STREAMTTS_VARIANT=cpu" in build
     users = [ln.split()[1] for ln in final if ln.startswith("USER ")]
     assert users and users[-1] not in ("0", "root")  # runs unprivileged
     copies = [ln for ln in lines if ln.startswith("COPY ")]
     assert not any(re.search(r"weights|\.gguf|\.onnx|\.npy|models", c) for c in copies), copies
     assert 'VOLUME ["/models"]' in final and "STOPSIGNAL SIGTERM" in final
-    assert any(ln.startswith('ENTRYPOINT ["streamtts", "serve"') for ln in final)
+    # tini as PID 1 forwards SIGTERM to the server (which drains) and reaps
+    assert any(ln.startswith('ENTRYPOINT ["tini", "--", "streamtts", "serve"') for ln in final)
+    assert any(ln.startswith("HEALTHCHECK ") and "/healthz" in ln for ln in final)
     ignore = [ln for ln in (REPO / ".dockerignore").read_text().splitlines() if not ln.startswith("#")]
     assert ignore[0] == "*" and "!streamtts/" in ignore  # the build context holds no weights
+
+
+def test_the_deployment_runs_the_image_as_built() -> None:
+    """The replica Deployment starts the image's own ENTRYPOINT (no `command`), on its port, as
+    its user, with its volume, and probes what its HEALTHCHECK checks."""
+    lines = dockerfile_lines()
+    final = lines[lines.index("FROM ${RUN_BASE} AS runtime") :]
+    expose = [ln.split()[1] for ln in final if ln.startswith("EXPOSE ")]
+    port_env = [m.group(1) for ln in final for m in [re.search(r"STREAMTTS_PORT=(\d+)", ln)] if m]
+    user = [ln.split()[1] for ln in final if ln.startswith("USER ")][-1]
+    pod = find("Deployment", "streamtts")["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert "command" not in c  # the image's ENTRYPOINT (tini -- streamtts serve) runs; args = CMD
+    assert [str(p["containerPort"]) for p in c["ports"]] == expose == port_env
+    assert str(pod["securityContext"]["runAsUser"]) == user
+    assert any(m["mountPath"] == "/models" for m in c["volumeMounts"])
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--config=/models/streamtts.yaml" in c["args"]
 
 
 # -- Kubernetes -----------------------------------------------------------------------------
