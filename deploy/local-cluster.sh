@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A streamtts cluster on this machine: N replicas, Redis for the shared voices, HAProxy in front.
 #
-#   deploy/local-cluster.sh up [N] [--config CFG.yaml] [--bind HOST:PORT] [-- SERVE_ARGS...]
-#       start Redis, N replicas (default 2) and HAProxy
+#   deploy/local-cluster.sh up [N] [--config CFG.yaml] [--bind HOST:PORT] [--image [REF]] [-- SERVE_ARGS...]
+#       start Redis, N replicas (default 2) and HAProxy; --image: the replicas from the container image
 #   deploy/local-cluster.sh status      print the same JSON line (exit 1 naming any process gone)
 #   deploy/local-cluster.sh down        stop exactly what `up` started
 #
@@ -20,6 +20,17 @@
 #    "redis": "redis://127.0.0.1:PORT/0"}
 # `down` sends SIGTERM to exactly the PIDs in that folder (replicas drain first), then SIGKILL
 # to any still there after STREAMTTS_DOWN_TIMEOUT seconds (default 45).
+#
+# With --image the replicas are the container image (deploy/Dockerfile) run with its own
+# ENTRYPOINT (tini -- streamtts serve), each on a free loopback port ($STREAMTTS_PORT) with the
+# host's network, CFG.yaml's folder mounted read-only at /models, and the recorded PID the
+# replica's tini, so `down` drains it as Kubernetes would. The container runtime:
+#   docker   when `docker info` answers: `docker run --network host` of REF (default
+#            streamtts:cpu); `down` signals the docker client, which passes SIGTERM on (not run
+#            on this project's machines, which have no Docker engine)
+#   buildah  else, as root: `buildah run --isolation chroot` of REF (default localhost/streamtts:cpu)
+#            from scripts/test_image.sh's image store (STREAMTTS_IMAGE_CACHE), which builds it
+# and `up --image` stops with a message naming what is missing when neither is there.
 #
 # Environment: STREAMTTS_PYTHON (the interpreter with streamtts; default .venv/bin/python, then
 # python3), STREAMTTS_LB_CHECK_INTER (HAProxy health-check interval, default 1s),
@@ -88,7 +99,7 @@ start_bg() {
 # The process is still the one we started (PIDs get reused): its command line names it.
 ours() {
     local pid=$1 what=$2
-    alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$what"
+    alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE -- "$what"
 }
 
 STARTED=()
@@ -98,6 +109,7 @@ cleanup_on_error() {
     for pid in "${STARTED[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     sleep 1
     for pid in "${STARTED[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    remove_containers
     rm -f "$RUN/pids" "$RUN/cluster.json"
     trap - EXIT
     exit "$rc"
@@ -169,6 +181,106 @@ sys.exit(f"haproxy: {up} of {n} replicas UP after {limit:g} s")
 PYEOF
 }
 
+# -- replicas from the container image (--image) -------------------------------------------------
+
+# container_runtime REF: sets RUNTIME (docker or buildah), IMAGE_REF and, for buildah, BUILDAH
+# (the command with scripts/test_image.sh's image store); dies naming what is missing.
+container_runtime() {
+    local ref=$1
+    if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+        RUNTIME=docker
+        IMAGE_REF="$ref"; [[ "$ref" == default ]] && IMAGE_REF=streamtts:cpu
+        docker image inspect "$IMAGE_REF" >/dev/null 2>&1 \
+            || die "docker has no image $IMAGE_REF (build it: docker build -f deploy/Dockerfile -t $IMAGE_REF .)"
+    elif command -v buildah >/dev/null && [[ "$(id -u)" == 0 ]]; then
+        RUNTIME=buildah
+        IMAGE_REF="$ref"; [[ "$ref" == default ]] && IMAGE_REF=localhost/streamtts:cpu
+        local store="${STREAMTTS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts/image}"
+        BUILDAH=(buildah --root "$store/storage" --runroot "$store/runroot" --storage-driver vfs)
+        "${BUILDAH[@]}" inspect --type image "$IMAGE_REF" >/dev/null 2>&1 \
+            || die "buildah's store $store has no image $IMAGE_REF (build it: bash scripts/test_image.sh --build)"
+    else
+        die "--image needs a container runtime, and there is none here: no Docker engine answering \`docker info\`, and no buildah run as root (apt-get install buildah). Without --image the replicas run from this checkout."
+    fi
+    note "replicas from the image $IMAGE_REF ($RUNTIME)"
+}
+
+# start_image_replica I GPU CONFIG ARGS...: replica I from the image, on a free port; prints the PID
+# that `down` signals (buildah: the replica's tini; docker: the docker client, which passes it on)
+start_image_replica() {
+    local i=$1 gpu=$2 config=$3 port name pid t=0
+    shift 3
+    port=$(free_port)
+    name="streamtts-replica-$i-$$"
+    local mounts=() cfg=()
+    if [[ -n "$config" ]]; then
+        mounts=(--volume "$(dirname "$config"):/models:ro")
+        cfg=(--config "/models/$(basename "$config")")
+    fi
+    if [[ $RUNTIME == docker ]]; then
+        local gpus=()
+        [[ -n "$gpu" ]] && gpus=(--gpus "device=$gpu")
+        echo "docker $name" >>"$RUN/containers"
+        start_bg "replica-$i" docker run --rm --name "$name" --network host -e "STREAMTTS_PORT=$port" \
+            "${gpus[@]}" "${mounts[@]}" "$IMAGE_REF" "${cfg[@]}" "$@"
+        return
+    fi
+    local ctr entry
+    ctr="$("${BUILDAH[@]}" from --name "$name" "$IMAGE_REF")" || die "buildah from $IMAGE_REF failed"
+    echo "buildah $ctr" >>"$RUN/containers"
+    # the image's own ENTRYPOINT; the arguments replace its CMD, as `docker run IMAGE ARGS` does
+    mapfile -t entry < <("${BUILDAH[@]}" inspect --type image --format '{{json .Docker.Config.Entrypoint}}' "$IMAGE_REF" \
+        | "$PY" -c 'import json, sys; [print(a) for a in json.load(sys.stdin) or []]')
+    local envs=(--env "STREAMTTS_PORT=$port" --env TINI_SUBREAPER=1)
+    [[ -n "$gpu" ]] && envs+=(--env "CUDA_VISIBLE_DEVICES=$gpu")
+    local outer
+    outer=$(start_bg "replica-$i" "${BUILDAH[@]}" run --isolation chroot "${envs[@]}" "${mounts[@]}" "$ctr" -- \
+        "${entry[@]}" "${cfg[@]}" "$@")
+    # chroot isolation has no PID namespace: the replica's tini is a process here, under buildah run
+    while [[ -z "${pid:-}" ]]; do
+        pid=$("$PY" - "$outer" <<'PYEOF'
+import os, sys
+kids = {}
+for d in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{d}/stat").read()
+        kids.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(d))
+    except (OSError, IndexError, ValueError):
+        pass
+todo = [int(sys.argv[1])]
+while todo:
+    for k in kids.get(todo.pop(), []):
+        if open(f"/proc/{k}/comm").read().strip() == "tini":
+            print(k)
+            sys.exit()
+        todo.append(k)
+PYEOF
+)
+        [[ -n "$pid" ]] && break
+        alive "$outer" || { tail -n 30 "$RUN/replica-$i.log" >&2; die "replica $i (buildah run) exited while starting"; }
+        (( t++ < 600 )) || die "replica $i: no tini under buildah run after 60 s"
+        sleep 0.1
+    done
+    echo "$pid"
+}
+
+# the containers `up` made (docker's remove themselves: --rm)
+remove_containers() {
+    [[ -f "$RUN/containers" ]] || return 0
+    local kind ctr store
+    store="${STREAMTTS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts/image}"
+    while read -r kind ctr; do
+        [[ $kind == buildah ]] || continue
+        # (buildah run may still be unmounting it for a moment after its process ended)
+        for _ in $(seq 50); do
+            buildah --root "$store/storage" --runroot "$store/runroot" --storage-driver vfs \
+                rm "$ctr" >/dev/null 2>&1 && break
+            sleep 0.2
+        done
+    done <"$RUN/containers"
+    rm -f "$RUN/containers"
+}
+
 print_status() {
     [[ -f "$RUN/cluster.json" ]] || die "no cluster in $RUN (run: $0 up)"
     local dead=0 role pid
@@ -180,12 +292,14 @@ print_status() {
 }
 
 cmd_up() {
-    local n=2 config="" bind="" serve_args=()
+    local n=2 config="" bind="" image="" serve_args=()
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --config) config="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
             --run-dir) RUN="$2"; shift 2 ;;
             --bind) bind="$2"; shift 2 ;;
+            --image) image=default; shift
+                     if [[ $# -gt 0 && "$1" != -* && ! "$1" =~ ^[0-9]+$ ]]; then image="$1"; shift; fi ;;
             --) shift; serve_args=("$@"); break ;;
             -h|--help) usage ;;
             [0-9]*) n=$1; shift ;;
@@ -202,8 +316,13 @@ cmd_up() {
     fi
     ensure_packages
     PY="$(python_bin)"
-    "$PY" -c "import streamtts" 2>/dev/null || die "$PY cannot import streamtts (set STREAMTTS_PYTHON)"
-    rm -f "$RUN"/*.log "$RUN"/*.pid "$RUN"/*.exit "$RUN/pids" "$RUN/cluster.json"
+    if [[ -n "$image" ]]; then
+        container_runtime "$image"
+        "$PY" -c "import sys" 2>/dev/null || die "$PY is not a Python interpreter (set STREAMTTS_PYTHON)"
+    else
+        "$PY" -c "import streamtts" 2>/dev/null || die "$PY cannot import streamtts (set STREAMTTS_PYTHON)"
+    fi
+    rm -f "$RUN"/*.log "$RUN"/*.pid "$RUN"/*.exit "$RUN/pids" "$RUN/cluster.json" "$RUN/containers"
     rm -rf "$RUN/appendonlydir"
     # Any failure from here on (an error, or die) stops what was started: nothing is left behind.
     trap cleanup_on_error EXIT
@@ -236,10 +355,14 @@ CONF
     local gpus=()
     [[ -n "${STREAMTTS_CLUSTER_GPUS:-}" ]] && IFS=, read -r -a gpus <<<"$STREAMTTS_CLUSTER_GPUS"
     for ((i = 1; i <= n; i++)); do
-        local pid dev=()
-        (( ${#gpus[@]} )) && dev=(env "CUDA_VISIBLE_DEVICES=${gpus[$(( (i - 1) % ${#gpus[@]} ))]}")
-        pid=$(start_bg "replica-$i" "${dev[@]}" "$PY" -m streamtts.cli.main serve --host 127.0.0.1 \
-            --port 0 --voice-store "$redis_url" "${cfg_args[@]}" "${serve_args[@]}")
+        local pid dev=() gpu=""
+        (( ${#gpus[@]} )) && gpu="${gpus[$(( (i - 1) % ${#gpus[@]} ))]}" && dev=(env "CUDA_VISIBLE_DEVICES=$gpu")
+        if [[ -n "$image" ]]; then
+            pid=$(start_image_replica "$i" "$gpu" "$config" --host 127.0.0.1 --voice-store "$redis_url" "${serve_args[@]}")
+        else
+            pid=$(start_bg "replica-$i" "${dev[@]}" "$PY" -m streamtts.cli.main serve --host 127.0.0.1 \
+                --port 0 --voice-store "$redis_url" "${cfg_args[@]}" "${serve_args[@]}")
+        fi
         pids+=("$pid"); logs+=("$RUN/replica-$i.log")
         STARTED+=("$pid")
         echo "replica $pid" >>"$RUN/pids"
@@ -286,7 +409,8 @@ cmd_down() {
     local role pid todo=()
     while read -r role pid; do
         case "$role" in
-            replica) what="streamtts.cli.main serve" ;;
+            # the checkout's, the image's under tini (buildah), or the docker client of one
+            replica) what="streamtts(\.cli\.main)? serve|docker run .*streamtts-replica-" ;;
             redis) what="redis-server" ;;
             haproxy) what="haproxy" ;;
             *) what="$role" ;;
@@ -309,6 +433,7 @@ cmd_down() {
             kill -KILL "$pid" 2>/dev/null || true
         fi
     done
+    remove_containers
     rm -f "$RUN/pids" "$RUN/cluster.json"
     note "stopped ${#todo[@]} process(es) from $RUN"
 }

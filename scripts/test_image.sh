@@ -105,6 +105,11 @@ BASE_ID="$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$BASE")"
 # the key: the Dockerfile, the .dockerignore, the files the context sends, the base and the args
 BUILD_ARGS=(--build-arg "BASE=$BASE" --build-arg STREAMTTS_VARIANT=cpu)
 [[ -n "${STREAMTTS_BUILD_JOBS:-}" ]] && BUILD_ARGS+=(--build-arg "STREAMTTS_BUILD_JOBS=$STREAMTTS_BUILD_JOBS")
+# a machine behind a TLS-inspecting proxy (this project's, for one) trusts its CA through
+# /usr/local/share/ca-certificates: the build stage is given the same (deploy/Dockerfile)
+CA_DIR=/usr/local/share/ca-certificates
+VOLUMES=()
+compgen -G "$CA_DIR/*.crt" >/dev/null && VOLUMES+=(--volume "$CA_DIR:/run/extra-ca:ro")
 CONTEXT_KEY="$(cd "$REPO" && find deploy/Dockerfile .dockerignore pyproject.toml README.md CMakeLists.txt \
     cmake native streamtts -type f -not -path '*/__pycache__/*' -not -path 'streamtts/lib/*' -print0 \
     | LC_ALL=C sort -z | xargs -0 sha256sum | hash_text)"
@@ -122,7 +127,7 @@ else
     # --format docker: the HEALTHCHECK is part of the Docker image format, not of OCI's
     # (its steps shown as they start; the whole output in the log)
     (cd "$REPO" && nice "${B[@]}" bud --isolation chroot --layers --format docker \
-        "${BUILD_ARGS[@]}" -f deploy/Dockerfile -t "$IMAGE" -t localhost/streamtts:cpu . ) 2>&1 \
+        "${BUILD_ARGS[@]}" "${VOLUMES[@]}" -f deploy/Dockerfile -t "$IMAGE" -t localhost/streamtts:cpu . ) 2>&1 \
         | tee "$BUILD_LOG" | { grep --line-buffered -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+: (FROM|RUN|COPY)' \
         | cut -c1-100 | sed -u 's/^/    /' || true; } \
         || { tail -n 40 "$BUILD_LOG" >&2; die "the image build failed (log: $BUILD_LOG)"; }

@@ -162,6 +162,19 @@ def test_serve_on_a_port_in_use() -> None:
     one_line_error(r, f"port {port} on 127.0.0.1 is in use", "--port 0")
 
 
+def test_serve_takes_its_port_from_streamtts_port() -> None:
+    """The container image sets $STREAMTTS_PORT (its HEALTHCHECK reads the same): without
+    --port, serve listens there; a value that is no port is a usage error naming --port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run("serve", env={**NO_ENGINE, "STREAMTTS_PORT": str(port)}, timeout=60)
+    one_line_error(r, f"port {port} on 127.0.0.1 is in use")
+    r = run("serve", env={**NO_ENGINE, "STREAMTTS_PORT": "eighty"}, timeout=60)
+    one_line_error(r, "--port", "'eighty'")
+
+
 def test_speak_without_a_sound_card_or_save_writes_a_named_file(demo_cache: Path, tmp_path: Path) -> None:
     """The README's first command on a machine without a sound card: it says so before the
     model loads, names the file, writes it, and never overwrites one."""

@@ -229,7 +229,7 @@ def test_deploy_doc_commands_run_as_written(tmp_path: Path) -> None:
     need_binary("redis-server")
     blocks = bash_blocks(REPO / "docs" / "deploy.md")
     runnable = [code for code, skipped in blocks if not skipped]
-    assert len(runnable) == 2 and len(blocks) == 6
+    assert len(runnable) == 2 and len(blocks) == 7
     venv_bin = str(Path(sys.executable).parent) + "/"
     env = dict(os.environ, STREAMTTS_CLUSTER_DIR=str(tmp_path / "run"), STREAMTTS_PYTHON=sys.executable)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
