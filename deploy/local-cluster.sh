@@ -195,14 +195,24 @@ container_runtime() {
     elif command -v buildah >/dev/null && [[ "$(id -u)" == 0 ]]; then
         RUNTIME=buildah
         IMAGE_REF="$ref"; [[ "$ref" == default ]] && IMAGE_REF=localhost/streamtts:cpu
-        local store="${STREAMTTS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts/image}"
-        BUILDAH=(buildah --root "$store/storage" --runroot "$store/runroot" --storage-driver vfs)
+        buildah_store
         "${BUILDAH[@]}" inspect --type image "$IMAGE_REF" >/dev/null 2>&1 \
             || die "buildah's store $store has no image $IMAGE_REF (build it: bash scripts/test_image.sh --build)"
     else
         die "--image needs a container runtime, and there is none here: no Docker engine answering \`docker info\`, and no buildah run as root (apt-get install buildah). Without --image the replicas run from this checkout."
     fi
     note "replicas from the image $IMAGE_REF ($RUNTIME)"
+}
+
+# BUILDAH: buildah on scripts/test_image.sh's image store (its store.env names the driver)
+buildah_store() {
+    local store="${STREAMTTS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts/image}" driver=""
+    [[ -f "$store/store.env" ]] && driver="$(sed -n 's/^STREAMTTS_IMAGE_DRIVER=//p' "$store/store.env")"
+    if [[ "${driver:-vfs}" == vfs ]]; then
+        BUILDAH=(buildah --root "$store/storage" --runroot "$store/runroot" --storage-driver vfs)
+    else
+        BUILDAH=(buildah --root "$store/storage-$driver" --runroot "$store/runroot-$driver" --storage-driver "$driver")
+    fi
 }
 
 # start_image_replica I GPU CONFIG ARGS...: replica I from the image, on a free port; prints the PID
@@ -267,14 +277,13 @@ PYEOF
 # the containers `up` made (docker's remove themselves: --rm)
 remove_containers() {
     [[ -f "$RUN/containers" ]] || return 0
-    local kind ctr store
-    store="${STREAMTTS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts/image}"
+    local kind ctr
+    buildah_store
     while read -r kind ctr; do
         [[ $kind == buildah ]] || continue
         # (buildah run may still be unmounting it for a moment after its process ended)
         for _ in $(seq 50); do
-            buildah --root "$store/storage" --runroot "$store/runroot" --storage-driver vfs \
-                rm "$ctr" >/dev/null 2>&1 && break
+            "${BUILDAH[@]}" rm "$ctr" >/dev/null 2>&1 && break
             sleep 0.2
         done
     done <"$RUN/containers"

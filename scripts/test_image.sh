@@ -14,8 +14,9 @@
 #
 # Everything lands outside the checkout, in
 #   ${STREAMTTS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts/image}/
-#     storage/, runroot/        buildah's image store (vfs driver), used through --root/--runroot:
-#                               the system's store is not touched
+#     storage-overlay/, runroot-overlay/   buildah's image store (overlay driver; storage/ and
+#                               runroot/ with vfs), used through --root/--runroot: the system's
+#                               store is not touched; store.env names the driver in use
 #     base-<key>.log            the base image's mmdebstrap log
 #     build-<key>.log           the image build's log; build-<key>.txt its measurements
 #     report.txt                the last run's measurements (sizes, build and start times)
@@ -29,6 +30,7 @@
 # Needs root (buildah's chroot isolation, as here) and buildah + mmdebstrap (Debian:
 # apt-get install buildah mmdebstrap; scripts/setup.sh --test installs them).
 # Environment: STREAMTTS_BUILD_JOBS (parallel compile jobs in the image build),
+# STREAMTTS_IMAGE_DRIVER (buildah's storage driver: auto, the default, overlay or vfs),
 # STREAMTTS_IMAGE_MIRROR (the Debian mirror, default http://deb.debian.org).
 set -Eeuo pipefail
 
@@ -62,10 +64,33 @@ for tool in buildah mmdebstrap; do
 done
 command -v "$PY" >/dev/null || die "$PY not found (set PYTHON)"
 mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-command -v flock >/dev/null && { flock -n 9 || { say "waiting for another test_image.sh on $CACHE"; flock 9; }; }
 
-B=(buildah --root "$CACHE/storage" --runroot "$CACHE/runroot" --storage-driver vfs)
+# The storage driver: STREAMTTS_IMAGE_DRIVER (overlay or vfs), else overlay when the kernel
+# mounts a container's root with it here (layers share their files: a few GB in all), else vfs
+# (every layer a full copy of the tree: tens of GB for one build's layers)
+store_for() {
+    local suffix=""
+    [[ $1 == vfs ]] || suffix="-$1"
+    B=(buildah --root "$CACHE/storage$suffix" --runroot "$CACHE/runroot$suffix" --storage-driver "$1")
+}
+DRIVER="${STREAMTTS_IMAGE_DRIVER:-auto}"
+if [[ "$DRIVER" == auto ]]; then
+    DRIVER=vfs
+    if grep -qw overlay /proc/filesystems 2>/dev/null; then
+        store_for overlay
+        if probe="$("${B[@]}" from scratch 2>/dev/null)"; then
+            "${B[@]}" mount "$probe" >/dev/null 2>&1 && DRIVER=overlay
+            "${B[@]}" rm "$probe" >/dev/null 2>&1 || true
+        fi
+    fi
+fi
+case "$DRIVER" in overlay|vfs) ;; *) die "STREAMTTS_IMAGE_DRIVER=$DRIVER: overlay, vfs or auto" ;; esac
+store_for "$DRIVER"
+# one run at a time per store
+exec 9>"$CACHE/.lock-$DRIVER"
+command -v flock >/dev/null && { flock -n 9 || { say "waiting for another test_image.sh on $CACHE ($DRIVER)"; flock 9; }; }
+# (deploy/local-cluster.sh --image reads this to find the image)
+printf 'STREAMTTS_IMAGE_DRIVER=%s\n' "$DRIVER" >"$CACHE/store.env"
 have_image() { "${B[@]}" inspect --type image "$1" >/dev/null 2>&1; }
 hash_text() { sha256sum | cut -c1-16; }
 
@@ -101,6 +126,22 @@ else
 fi
 BASE_ID="$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$BASE")"
 
+# Only this build's images stay in the store (its steps, which the next build may reuse, and
+# the base): older builds' layers would take gigabytes each time the inputs change.
+prune_store() {
+    local keep id pass removed
+    keep="$( { grep -oE '^--> (Using cache )?[0-9a-f]{11,}' "$BUILD_LOG" | grep -oE '[0-9a-f]{11,}$'
+               "${B[@]}" images -q --no-trunc "$IMAGE" "$BASE"; } | sed 's/^sha256://' | cut -c1-11 | sort -u)"
+    for pass in 1 2 3 4 5 6 7 8 9 10; do
+        removed=0
+        for id in $("${B[@]}" images -a -q --no-trunc | sed 's/^sha256://'); do
+            grep -qxF "${id:0:11}" <<<"$keep" && continue
+            "${B[@]}" rmi "$id" >/dev/null 2>&1 && removed=1
+        done
+        (( removed )) || break
+    done
+}
+
 # -- 2. the image --------------------------------------------------------------------------------
 # the key: the Dockerfile, the .dockerignore, the files the context sends, the base and the args
 BUILD_ARGS=(--build-arg "BASE=$BASE" --build-arg STREAMTTS_VARIANT=cpu)
@@ -126,20 +167,17 @@ else
     # --layers: each step's result is kept, so the next build redoes only what changed;
     # --format docker: the HEALTHCHECK is part of the Docker image format, not of OCI's
     # (its steps shown as they start; the whole output in the log)
-    (cd "$REPO" && nice "${B[@]}" bud --isolation chroot --layers --format docker \
+    (cd "$REPO" && nice "${B[@]}" bud --isolation chroot --layers --force-rm --format docker \
         "${BUILD_ARGS[@]}" "${VOLUMES[@]}" -f deploy/Dockerfile -t "$IMAGE" -t localhost/streamtts:cpu . ) 2>&1 \
         | tee "$BUILD_LOG" | { grep --line-buffered -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+: (FROM|RUN|COPY)' \
-        | cut -c1-100 | sed -u 's/^/    /' || true; } \
+        | sed -u -E 's/^(.{0,100}).*/    \1/' || true; } \
         || { tail -n 40 "$BUILD_LOG" >&2; die "the image build failed (log: $BUILD_LOG)"; }
     BUILD_S=$(( $(date +%s) - T0 ))
     CACHED="$(grep -c -- '--> Using cache' "$BUILD_LOG" || true)"
     STEPS="$(grep -c 'STEP [0-9]*/[0-9]*:' "$BUILD_LOG" || true)"
     printf 'build_s=%s\nsteps=%s\nsteps_cached=%s\n' "$BUILD_S" "$STEPS" "$CACHED" >"$CACHE/build-$KEY.txt"
     note "built in $BUILD_S s ($CACHED of $STEPS steps from the layer cache)"
-    # the images of older keys go; their layers that this build reused stay
-    for old in $("${B[@]}" images --format '{{.Name}}:{{.Tag}}' | grep '^localhost/streamtts:cpu-' | grep -vxF "$IMAGE" || true); do
-        "${B[@]}" rmi "$old" >/dev/null 2>&1 || true
-    done
+    prune_store
 fi
 "${B[@]}" tag "$IMAGE" localhost/streamtts:cpu
 SIZE="$("${B[@]}" images --format '{{.Size}}' "$IMAGE" | head -n1)"
@@ -194,10 +232,11 @@ T0=$(date +%s%N)
 SERVER_PID=$!
 
 # the server's readiness, then the checks; SIGTERM goes to tini, found under `buildah run`
-"$PY" - "$PORT" "$SERVER_PID" "$T0" "$TMP/result.txt" "$CTR" "$IMAGE" "$CACHE" <<'PYEOF' || { echo "--- server log:" >&2; tail -n 40 "$TMP/server.log" >&2; die "the image did not serve as it should (above)"; }
+"$PY" - "$PORT" "$SERVER_PID" "$T0" "$TMP/result.txt" "$CTR" "$IMAGE" "${B[@]}" <<'PYEOF' || { echo "--- server log:" >&2; tail -n 40 "$TMP/server.log" >&2; die "the image did not serve as it should (above)"; }
 import http.client, json, os, signal, subprocess, sys, time, wave, io
 
-port, server_pid, t0_ns, result, ctr, image, cache = sys.argv[1:8]
+port, server_pid, t0_ns, result, ctr, image = sys.argv[1:7]
+buildah = sys.argv[7:]
 server_pid = int(server_pid)
 url = f"127.0.0.1:{port}"
 
@@ -281,14 +320,12 @@ if uid == 0:
 print(f"    tini (pid {tini[0]}) runs as uid {uid}")
 
 # 2. the image's HEALTHCHECK command, run inside the image while the server runs
-hc = json.loads(subprocess.run(["buildah", "--root", f"{cache}/storage", "--runroot", f"{cache}/runroot",
-                                "--storage-driver", "vfs", "inspect", "--type", "image", "--format",
+hc = json.loads(subprocess.run([*buildah, "inspect", "--type", "image", "--format",
                                 "{{json .Docker.Config.Healthcheck}}", image],
                                capture_output=True, text=True, check=True).stdout)
 if not hc or hc["Test"][0] != "CMD":
     fail(f"the image has no exec-form HEALTHCHECK: {hc}")
-p = subprocess.run(["buildah", "--root", f"{cache}/storage", "--runroot", f"{cache}/runroot", "--storage-driver",
-                    "vfs", "run", "--isolation", "chroot", "--env", f"STREAMTTS_PORT={port}", ctr, "--", *hc["Test"][1:]],
+p = subprocess.run([*buildah, "run", "--isolation", "chroot", "--env", f"STREAMTTS_PORT={port}", ctr, "--", *hc["Test"][1:]],
                    capture_output=True, text=True)
 if p.returncode != 0:
     fail(f"the HEALTHCHECK command failed ({p.returncode}): {p.stdout}{p.stderr}")
