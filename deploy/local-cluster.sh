@@ -238,9 +238,11 @@ start_image_replica() {
     local ctr entry
     ctr="$("${BUILDAH[@]}" from --name "$name" "$IMAGE_REF")" || die "buildah from $IMAGE_REF failed"
     echo "buildah $ctr" >>"$RUN/containers"
+    # (buildah run's chroot isolation hides a bind mount on an image VOLUME: see scripts/test_image.sh)
+    "${BUILDAH[@]}" config --volume /models- "$ctr"
     # the image's own ENTRYPOINT; the arguments replace its CMD, as `docker run IMAGE ARGS` does
-    mapfile -t entry < <("${BUILDAH[@]}" inspect --type image --format '{{json .Docker.Config.Entrypoint}}' "$IMAGE_REF" \
-        | "$PY" -c 'import json, sys; [print(a) for a in json.load(sys.stdin) or []]')
+    mapfile -t entry < <("${BUILDAH[@]}" inspect --type image "$IMAGE_REF" \
+        | "$PY" -c 'import json, sys; [print(a) for a in json.load(sys.stdin)["Docker"]["config"].get("Entrypoint") or []]')
     local envs=(--env "STREAMTTS_PORT=$port" --env TINI_SUBREAPER=1)
     [[ -n "$gpu" ]] && envs+=(--env "CUDA_VISIBLE_DEVICES=$gpu")
     local outer
@@ -281,7 +283,12 @@ remove_containers() {
     buildah_store
     while read -r kind ctr; do
         [[ $kind == buildah ]] || continue
-        # (buildah run may still be unmounting it for a moment after its process ended)
+        # its `buildah run` first finishes (it unmounts the container after the replica's exit;
+        # removed under it, it fails and the replica's exit status with it)
+        for _ in $(seq 300); do
+            pgrep -f -- " run .* $ctr -- " >/dev/null || break
+            sleep 0.1
+        done
         for _ in $(seq 50); do
             "${BUILDAH[@]}" rm "$ctr" >/dev/null 2>&1 && break
             sleep 0.2

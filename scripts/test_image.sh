@@ -131,7 +131,7 @@ BASE_ID="$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$BASE")"
 prune_store() {
     local keep id pass removed
     keep="$( { grep -oE '^--> (Using cache )?[0-9a-f]{11,}' "$BUILD_LOG" | grep -oE '[0-9a-f]{11,}$'
-               "${B[@]}" images -q --no-trunc "$IMAGE" "$BASE"; } | sed 's/^sha256://' | cut -c1-11 | sort -u)"
+               "${B[@]}" images -q --no-trunc "$IMAGE"; "${B[@]}" images -q --no-trunc "$BASE"; } | sed 's/^sha256://' | cut -c1-11 | sort -u)"
     for pass in 1 2 3 4 5 6 7 8 9 10; do
         removed=0
         for id in $("${B[@]}" images -a -q --no-trunc | sed 's/^sha256://'); do
@@ -173,10 +173,8 @@ else
         | sed -u -E 's/^(.{0,100}).*/    \1/' || true; } \
         || { tail -n 40 "$BUILD_LOG" >&2; die "the image build failed (log: $BUILD_LOG)"; }
     BUILD_S=$(( $(date +%s) - T0 ))
-    CACHED="$(grep -c -- '--> Using cache' "$BUILD_LOG" || true)"
-    STEPS="$(grep -c 'STEP [0-9]*/[0-9]*:' "$BUILD_LOG" || true)"
-    printf 'build_s=%s\nsteps=%s\nsteps_cached=%s\n' "$BUILD_S" "$STEPS" "$CACHED" >"$CACHE/build-$KEY.txt"
-    note "built in $BUILD_S s ($CACHED of $STEPS steps from the layer cache)"
+    printf 'build_s=%s\n' "$BUILD_S" >"$CACHE/build-$KEY.txt"
+    note "built in $BUILD_S s"
     prune_store
 fi
 "${B[@]}" tag "$IMAGE" localhost/streamtts:cpu
@@ -204,6 +202,10 @@ trap cleanup EXIT
 T0=$(date +%s%N)
 CTR="$("${B[@]}" from --name "streamtts-test-$$" "$IMAGE")"
 FROM_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
+# buildah run (chroot isolation) puts an empty volume of its own over an image's VOLUME
+# (/models), hiding a bind mount there: this container forgets the declaration, and the
+# weights folder is bound at /models as docker -v / Kubernetes mount it
+"${B[@]}" config --volume /models- "$CTR"
 # a weights folder as `streamtts download` leaves one (DEST/streamtts.yaml, paths relative to
 # it), here the demo model written by the image's own CLI, then mounted read-only at /models
 mkdir -p "$TMP/models" && chmod 0777 "$TMP/models"
@@ -217,8 +219,8 @@ chmod -R go-w "$TMP/models"
 # a free port through $STREAMTTS_PORT (the image's default 8000 may be taken on this machine),
 # and the settings of a drain worth watching: small send buffers, so that a request is still
 # streaming when SIGTERM comes (a demo model makes seconds of audio in well under one)
-mapfile -t CMDLINE < <("${B[@]}" inspect --type image --format '{{json .Docker.Config.Entrypoint}}{{"\n"}}{{json .Docker.Config.Cmd}}' "$IMAGE" \
-    | "$PY" -c 'import json, sys; [print(a) for line in sys.stdin for a in (json.loads(line) or [])]')
+mapfile -t CMDLINE < <("${B[@]}" inspect --type image "$IMAGE" \
+    | "$PY" -c 'import json, sys; c = json.load(sys.stdin)["Docker"]["config"]; [print(a) for a in (c.get("Entrypoint") or []) + (c.get("Cmd") or [])]')
 [[ "${CMDLINE[0]:-}" == tini ]] || die "the image's entrypoint does not start with tini: ${CMDLINE[*]}"
 PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 EXTRA=(--drain-timeout 60 --socket-send-buffer 16384 --send-buffer 2)
@@ -320,9 +322,8 @@ if uid == 0:
 print(f"    tini (pid {tini[0]}) runs as uid {uid}")
 
 # 2. the image's HEALTHCHECK command, run inside the image while the server runs
-hc = json.loads(subprocess.run([*buildah, "inspect", "--type", "image", "--format",
-                                "{{json .Docker.Config.Healthcheck}}", image],
-                               capture_output=True, text=True, check=True).stdout)
+hc = json.loads(subprocess.run([*buildah, "inspect", "--type", "image", image],
+                               capture_output=True, text=True, check=True).stdout)["Docker"]["config"].get("Healthcheck")
 if not hc or hc["Test"][0] != "CMD":
     fail(f"the image has no exec-form HEALTHCHECK: {hc}")
 p = subprocess.run([*buildah, "run", "--isolation", "chroot", "--env", f"STREAMTTS_PORT={port}", ctr, "--", *hc["Test"][1:]],
@@ -347,10 +348,11 @@ if r.status != 200:
 if data[:4] != b"RIFF":
     fail(f"the speech is not a WAV: {data[:16]!r}")
 w = wave.open(io.BytesIO(data))
-frames = w.readframes(w.getnframes())
-secs = w.getnframes() / w.getframerate()
+# a streamed WAV's header cannot know its length: the samples are what follows the data chunk
+frames = data[data.find(b"data") + 8 :]
+secs = len(frames) / (w.getsampwidth() * w.getnchannels() * w.getframerate())
 if secs <= 0 or not any(frames):
-    fail(f"the WAV holds no sound ({w.getnframes()} frames)")
+    fail(f"the WAV holds no sound ({len(frames)} bytes of samples)")
 print(f"    /v1/audio/speech: {len(data)} bytes of WAV, {secs:.2f} s of audio at {w.getframerate()} Hz "
       f"in {time.monotonic() - t:.2f} s")
 
@@ -390,8 +392,7 @@ SERVER_PID=""
 [[ $rc == 0 ]] || { tail -n 30 "$TMP/server.log" >&2; die "the server exited $rc after SIGTERM (expected 0)"; }
 LOG1="$(tr -s ' \n' ' ' <"$TMP/server.log")"
 [[ "$LOG1" == *"drained (SIGTERM)"* ]] || { tail -n 30 "$TMP/server.log" >&2; die "no 'drained (SIGTERM)' line in the server's log"; }
-CPU_LINE="$(grep -m1 -o 'CPU backend libggml-cpu[^ ;,]*\.so' "$TMP/server.log" || true)"
-say "    exit status 0 after the drain; ${CPU_LINE:-CPU backend: not logged}"
+note "exit status 0 after the drain"
 
 # -- 4. report -----------------------------------------------------------------------------------
 {
