@@ -97,3 +97,26 @@ def test_slots_admission_ignores_capacity(demo_model_dir: Path) -> None:
             return list(outs)
 
     assert asyncio.run(main()) == [5, 5, 5]
+
+
+def test_a_sessions_next_segment_starts_before_a_new_stream(demo_model_dir: Path) -> None:
+    async def main() -> tuple[float, float]:
+        # one stream has ended (no warm-up): the wait is unknown, so new streams queue
+        async with capacity_engine(demo_model_dir, deadline_s=30.0, warmup=False) as e:
+            await e.generate("Warm.", options=StreamOptions(seed=1, fixed_frames=4))
+            held = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
+            it = aiter(held)
+            await anext(it)
+            new = e.stream("A new session.", options=StreamOptions(seed=8, fixed_frames=6))
+            first = asyncio.create_task(_drain(new))
+            await wait_until(lambda: e.queued_streams == 1)
+            nxt = e.stream("Next segment.", options=StreamOptions(seed=9, fixed_frames=6))
+            nxt.priority = True  # queued after the new stream, starts before it
+            second = asyncio.create_task(_drain(nxt))
+            await wait_until(lambda: e.queued_streams == 2)
+            await held.aclose()
+            assert await first == 6 and await second == 6
+            return nxt.stats.t_admitted, new.stats.t_admitted
+
+    nxt_at, new_at = asyncio.run(main())
+    assert nxt_at < new_at
