@@ -76,7 +76,7 @@ async def echo(tokens: AsyncIterator[str]) -> AsyncIterator[str]:
 
 async def main(a: argparse.Namespace) -> None:
     tokens = openai_llm(a.llm, a.model, a.prompt) if a.llm else fake_llm(a.prompt)
-    client = StreamClient(a.server, seed=a.seed)
+    client = StreamClient(a.server, seed=a.seed, token=a.token)
     chunks = client.stream(echo(tokens))
     if a.save:
         import soundfile as sf
@@ -107,6 +107,9 @@ if __name__ == "__main__":
     p.add_argument("--model", default="default", help="model name for --llm")
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--save", help="write a wav file instead of playing")
+    p.add_argument(
+        "--token", default=os.environ.get("STREAMTTS_TOKEN"), help="the server's --token (default $STREAMTTS_TOKEN)"
+    )
     a = p.parse_args()
     try:
         asyncio.run(main(a))

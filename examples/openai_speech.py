@@ -22,19 +22,30 @@ DEFAULT_SERVER = os.environ.get("STREAMTTS_SERVER") or "http://127.0.0.1:8000"
 BODY = {"model": "tts-1", "voice": "alloy", "response_format": "pcm"}
 
 
-def with_httpx(base: str, text: str) -> Iterator[bytes]:
+class Refused(Exception):
+    """The server answered with an error (its message names what to do)."""
+
+
+def with_httpx(base: str, text: str, token: str | None) -> Iterator[bytes]:
     import httpx
 
     url = base.rstrip("/") + "/v1/audio/speech"
-    with httpx.stream("POST", url, json={**BODY, "input": text}, timeout=None) as r:
-        r.raise_for_status()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.stream("POST", url, json={**BODY, "input": text}, headers=headers, timeout=None) as r:
+        if r.status_code >= 400:
+            r.read()
+            try:
+                why = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                why = r.text
+            raise Refused(f"HTTP {r.status_code}: {why}")
         yield from r.iter_bytes()
 
 
-def with_sdk(base: str, text: str) -> Iterator[bytes]:
+def with_sdk(base: str, text: str, token: str | None) -> Iterator[bytes]:
     from openai import OpenAI
 
-    client = OpenAI(base_url=base.rstrip("/") + "/v1", api_key=os.environ.get("STREAMTTS_TOKEN", "unused"))
+    client = OpenAI(base_url=base.rstrip("/") + "/v1", api_key=token or "unused")
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="alloy", input=text, response_format="pcm"
     ) as r:
@@ -70,12 +81,22 @@ if __name__ == "__main__":
     p.add_argument("--server", default=DEFAULT_SERVER, help="the server's base URL")
     p.add_argument("--save", default="speech.wav", help="wav file to write")
     p.add_argument("--sdk", action="store_true", help="use the OpenAI SDK instead of httpx")
+    p.add_argument(
+        "--token", default=os.environ.get("STREAMTTS_TOKEN"), help="the server's --token (default $STREAMTTS_TOKEN)"
+    )
     a = p.parse_args()
     try:
-        main((with_sdk if a.sdk else with_httpx)(a.server, a.text), a.save)
+        main((with_sdk if a.sdk else with_httpx)(a.server, a.text, a.token), a.save)
+    except Refused as exc:
+        fail(f"the server refused the request ({exc})")
     except ImportError as exc:
         fail(f"{exc.name} is missing: pip install 'streamtts[examples]'")
     except Exception as exc:  # httpx's ConnectError and the SDK's APIConnectionError are no OSError
+        status = getattr(exc, "status_code", None)  # the SDK's APIStatusError (401: AuthenticationError)
+        if status is not None:
+            body = getattr(exc, "body", None)
+            why = body.get("message", body) if isinstance(body, dict) else exc
+            fail(f"the server refused the request (HTTP {status}: {why})")
         if not isinstance(exc, OSError) and type(exc).__name__ not in ("ConnectError", "APIConnectionError"):
             raise
         fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import sys
@@ -112,20 +113,32 @@ class Unreachable(Exception):
     pass
 
 
-def check_server(server: str) -> None:
-    """Before the pipeline starts (whose errors are many lines): is the server there?"""
+def check_server(server: str, token: str | None) -> None:
+    """Before the pipeline starts (whose errors are many lines): is the server there, and
+    does it take our token?"""
     base = server.rstrip("/").replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+    base = base.removesuffix("/v1/stream")
     try:
-        urllib.request.urlopen(base.removesuffix("/v1/stream") + "/healthz", timeout=5).close()
+        urllib.request.urlopen(base + "/healthz", timeout=5).close()
     except urllib.error.HTTPError:
         pass  # it answers (503 while loading): the session will say more
     except OSError as exc:
         raise Unreachable(f"cannot reach {server} ({exc}); is `streamtts serve` running?") from exc
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        urllib.request.urlopen(urllib.request.Request(base + "/v1/audio/voices", headers=headers), timeout=5).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            try:
+                why = json.loads(exc.read())["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                why = "the server needs its token: --token TOKEN or $STREAMTTS_TOKEN"
+            raise Unreachable(f"the server refused us (HTTP 401): {why}") from exc
 
 
-async def main(server: str, save: str, interrupt_after: float, voice: str | None) -> None:
-    check_server(server)
-    tts = StreamTTSService(url=server, voice=voice)
+async def main(server: str, save: str, interrupt_after: float, voice: str | None, token: str | None) -> None:
+    check_server(server, token)
+    tts = StreamTTSService(url=server, voice=voice, token=token)
     sink = WavSink()
     worker = PipelineWorker(
         Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=16000, enable_metrics=True)
@@ -176,11 +189,14 @@ if __name__ == "__main__":
     p.add_argument(
         "--interrupt-after", type=float, default=1.0, help="seconds of the first reply before the barge-in"
     )
+    p.add_argument(
+        "--token", default=os.environ.get("STREAMTTS_TOKEN"), help="the server's --token (default $STREAMTTS_TOKEN)"
+    )
     a = p.parse_args()
     logger.remove()  # Pipecat logs every frame at DEBUG: warnings only
     logger.add(sys.stderr, level="WARNING")
     try:
-        asyncio.run(main(a.server, a.save, a.interrupt_after, a.voice))
+        asyncio.run(main(a.server, a.save, a.interrupt_after, a.voice, a.token))
     except Unreachable as exc:
         print(f"pipecat_agent.py: error: {exc}", file=sys.stderr)
         sys.exit(2)

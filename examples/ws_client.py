@@ -5,7 +5,8 @@
 
 No streamtts import: this is what any client in any language does (see docs/protocol.md).
 Every example takes the same flags: --server (default $STREAMTTS_SERVER, else
-http://127.0.0.1:8000, where `streamtts serve` listens) and --save.
+http://127.0.0.1:8000, where `streamtts serve` listens), --token (a server started with
+--token; default $STREAMTTS_TOKEN) and --save.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import wave
 import websockets
 
 DEFAULT_SERVER = os.environ.get("STREAMTTS_SERVER") or "http://127.0.0.1:8000"
+DEFAULT_TOKEN = os.environ.get("STREAMTTS_TOKEN")
 
 
 def stream_url(server: str) -> str:
@@ -29,8 +31,9 @@ def stream_url(server: str) -> str:
     return base if base.endswith("/v1/stream") else base + "/v1/stream"
 
 
-async def main(url: str, text: str, out: str, seed: int | None) -> None:
-    async with websockets.connect(url, max_size=None, compression=None) as ws:
+async def main(url: str, text: str, out: str, seed: int | None, token: str | None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with websockets.connect(url, additional_headers=headers, max_size=None, compression=None) as ws:
         start = {"type": "start", "format": "pcm_s16le_24000"}
         if seed is not None:
             start["seed"] = seed
@@ -79,8 +82,16 @@ if __name__ == "__main__":
     p.add_argument("--server", default=DEFAULT_SERVER, help="the server's base URL")
     p.add_argument("--save", default="ws.wav", help="wav file to write")
     p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--token", default=DEFAULT_TOKEN, help="the server's --token (default $STREAMTTS_TOKEN)")
     a = p.parse_args()
     try:
-        asyncio.run(main(stream_url(a.server), a.text, a.save, a.seed))
+        asyncio.run(main(stream_url(a.server), a.text, a.save, a.seed, a.token))
+    except websockets.InvalidStatus as exc:  # the handshake refused: 401 without the token
+        body = exc.response.body.decode(errors="replace") if exc.response.body else ""
+        try:
+            body = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        fail(f"the server refused the connection (HTTP {exc.response.status_code}): {body}")
     except OSError as exc:
         fail(f"cannot reach {a.server} ({exc}); is `streamtts serve` running?")

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .files import WrittenFiles
+from .logstyle import install_fallback
 from .model.files import register
 
 __version__ = "0.1.0"
 
 # the runtime calls the model-files step (demo model, fused GGUF); the tooling writes them
 register(WrittenFiles())
+install_fallback()  # `streamtts: warning: ...` for programs that configured no logging
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "AudioChunk", "load_config", "__version__"]
 

@@ -317,7 +317,14 @@ class StreamClient:
         except websockets.InvalidStatus as exc:
             status = exc.response.status_code
             raise ServerError(
-                "unauthorized" if status == 401 else "refused", f"HTTP {status} from {self.url}"
+                "unauthorized" if status == 401 else "refused",
+                f"HTTP {status} from {self.url}"
+                + (
+                    " (the server was started with --token: give the same token, --token TOKEN "
+                    "or $STREAMTTS_TOKEN; StreamClient(token=...))"
+                    if status == 401
+                    else ""
+                ),
             ) from exc
         try:
             return await ClientSession.open(ws, **{**self.settings, **overrides})

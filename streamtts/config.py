@@ -9,6 +9,7 @@ the official pipeline does.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -329,11 +330,26 @@ def resolve_path(value: str, config_dir: Path | None) -> str:
     return str(candidates[0].resolve())
 
 
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()  # (file, keys) warned about: a file is read twice
+
+
+def _warn_unknown(unknown: list[str], known: set[str], source: str) -> None:
+    """One warning per file for keys it has that no config has, with the likely key meant."""
+    if (source, tuple(unknown)) in _WARNED:
+        return
+    _WARNED.add((source, tuple(unknown)))
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+        named.append(f"{key} (did you mean {close[0]}?)" if close else str(key))
+    log.warning("%s: ignoring unknown config keys: %s", source, ", ".join(named))
+
+
 def config_from_dict(data: dict[str, Any], config_dir: Path | None = None, source: str = "") -> EngineConfig:
     known = set(EngineConfig.__struct_fields__) - _NOT_KEYS
     unknown = sorted(set(data) - known)
     if unknown:
-        log.warning("%s: ignoring unknown config keys: %s", source or "config", ", ".join(unknown))
+        _warn_unknown(unknown, known, source or "config")
     filtered = {k: v for k, v in data.items() if k in known}
     try:
         cfg = msgspec.convert(filtered, EngineConfig)

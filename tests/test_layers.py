@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "streamtts.errors": 0,
     "streamtts.closing": 0,
     "streamtts.paths": 0,
+    "streamtts.logstyle": 0,  # the one message style (the CLI and the API's fallback handler)
     "streamtts.constants": 0,
     "streamtts.config": 1,
     "streamtts.request": 2,

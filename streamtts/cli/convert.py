@@ -102,9 +102,10 @@ def _convert(args: argparse.Namespace) -> int:
     if args.lm_heads and cfg is not None:
         heads = args.lm_heads
     t0 = time.monotonic()
+    console = _stderr_console()
     with Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-        transient=True, console=_stderr_console(),
+        transient=True, console=console, disable=not console.is_terminal,  # no blank line in a log
     ) as prog:  # fmt: skip
         task = prog.add_task("writing", total=None)
 
@@ -119,6 +120,12 @@ def _convert(args: argparse.Namespace) -> int:
         f"wrote {info.path}: {info.rows} output rows ({info.dtype}; text rows from {info.text_source}"
         f"{', full text head' if info.has_text_head else ''}) in {time.monotonic() - t0:.1f} s"
     )
+    if not args.config and not args.gguf:  # the demo model: no config file of the user's to edit
+        print(
+            "the demo model needs none of this: it writes its own fused heads on first load and "
+            f"finds them (a config of your own would take `{config_line(info.path, src)}`)"
+        )
+        return 0
     print("add to your config:")
     print(f"  {config_line(info.path, src)}")
     return 0

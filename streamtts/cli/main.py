@@ -45,7 +45,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if (
             "%(default)" in text
-            or "default:" in text
+            or re.search(r"\bdefault\b", text)  # says its default its own way
             or default is None
             or default is False
             or default is argparse.SUPPRESS
@@ -65,7 +65,14 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.commands: dict[str, Parser] = {}
 
+    argv: list[str] = []  # the command line being parsed (set by main)
+
     def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            # a mistyped option (`synth --txt Hi`) is the mistake to name, not what it left out
+            unknown = [w for w in self.argv if re.match(r"--?[A-Za-z]", w) and w.split("=")[0] not in self._option_string_actions]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
         self.exit(2, f"streamtts: error: {self.suggest(message)} (see `{self.prog} --help`)\n")
 
     def suggest(self, message: str) -> str:
@@ -98,7 +105,10 @@ def _add_log_args(p: argparse.ArgumentParser, top: bool) -> None:
 
 # -- wiring ------------------------------------------------------------------------------------
 def build_parser() -> Parser:
+    from .. import __version__
+
     p = Parser(prog="streamtts", description="Real-time streaming TTS for MOSS-TTS-Delay.")
+    p.add_argument("--version", action="version", version=f"streamtts {__version__}")
     _add_log_args(p, top=True)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=Parser)
 
@@ -128,24 +138,19 @@ def _add_optional_commands(sub: Any) -> None:
 
 
 def _setup_logging(verbose: int, quiet: bool) -> None:
-    """Log lines go to stderr: rich's columns on a terminal, one plain line each otherwise
-    (a log file or a pipe gets no wrapping at 80 columns)."""
-    level = logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    handler: logging.Handler
-    if sys.stderr.isatty():
-        from rich.console import Console
-        from rich.logging import RichHandler
+    """Log lines go to stderr, one plain ``streamtts: LEVEL: ...`` line each, on a terminal
+    or not (the style of every line the command prints)."""
+    from ..logstyle import Formatter
 
-        handler = RichHandler(console=Console(stderr=True), show_path=False, log_time_format="%X")
-        fmt = "%(message)s"
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-        fmt = "streamtts: %(levelname)s: %(message)s"
-    logging.basicConfig(level=level, format=fmt, handlers=[handler])
+    level = logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(Formatter())
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
         cmd = parser.commands.get(args.cmd, parser)

@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--server", default=default_server(),
-        help=f"the server's base URL (http:// or ws://; ${SERVER_ENV} sets the default)",
+        help=f"the server's base URL (http:// or ws://); default: ${SERVER_ENV}, else {DEFAULT_SERVER}",
     )  # fmt: skip
     p.add_argument(
         "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (or ${TOKEN_ENV})"

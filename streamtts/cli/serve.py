@@ -171,6 +171,54 @@ def listen(host: str, port: int) -> socket.socket:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (check --host)") from exc
 
 
+def _beyond_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: the machine's own, or another interface's
+        return host != "localhost"
+
+
+def _warn_open(host: str) -> None:
+    """Before the model loads: listening beyond loopback with nothing but the network between
+    another machine and the model (no --token)."""
+    if _beyond_loopback(host):
+        log.warning(
+            "listening on %s without --token: whoever reaches this machine can use the model; "
+            "set --token SECRET (or $%s), or --host 127.0.0.1 to stay local (docs/deploy.md)",
+            host, TOKEN_ENV,
+        )  # fmt: skip
+
+
+def _from_elsewhere(host: str, port: int) -> None:
+    """Listening beyond loopback: the addresses another machine opens."""
+    if not _beyond_loopback(host):
+        return
+    every = host in ("0.0.0.0", "::")
+    urls = ", ".join(f"http://{a if ':' not in a else f'[{a}]'}:{port}" for a in (reachable_addresses() if every else [host]))
+    if urls:
+        print(f"streamtts: from another machine: {urls} (the page; the API under /v1)", flush=True)
+
+
+def reachable_addresses() -> list[str]:
+    """This machine's non-loopback IPv4 addresses, best guess first: the one its default
+    route leaves from (a UDP socket's connect sends nothing), then the host name's."""
+    found: list[str] = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
+            found.append(s.getsockname()[0])
+    except OSError:
+        pass
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            found.append(str(info[4][0]))
+    except OSError:
+        pass
+    return [a for a in dict.fromkeys(found) if not a.startswith("127.") and a != "0.0.0.0"]
+
+
 def settings_from_args(args: argparse.Namespace, max_streams: int) -> ServerSettings:
     from ..server.voice_store import VoiceStoreSettings
 
@@ -201,6 +249,8 @@ async def serve(args: argparse.Namespace) -> int:
 
     # The port first: a taken port is a one-line error before the engine loads, not after.
     sock = listen(args.host, args.port)
+    if not args.token:
+        _warn_open(args.host)
     demo_notice(args)
     engine = Engine.from_config(
         args.config,
@@ -232,6 +282,7 @@ async def serve(args: argparse.Namespace) -> int:
         ws_per_message_deflate=False,  # compressing audio costs CPU and latency for nothing
         lifespan="on",
         log_level=args.log_level,
+        log_config=None,  # uvicorn's records go through ours: one style, `streamtts: error: ...`
         timeout_graceful_shutdown=5,
     )
     # SIGTERM drains first (server/drain.py); Ctrl+C stops at once.
@@ -241,5 +292,6 @@ async def serve(args: argparse.Namespace) -> int:
         f"streamtts: serving on http://{host}:{port} (WebSocket ws://{host}:{port}/v1/stream)",
         flush=True,
     )
+    _from_elsewhere(host, port)
     await server.serve(sockets=[sock])
     return 0

@@ -262,7 +262,7 @@ async def _synth(args: argparse.Namespace) -> int:
         rows: list[np.ndarray] = []
         progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-            transient=True, console=Console(stderr=True), disable=args.quiet,
+            transient=True, console=Console(stderr=True), disable=args.quiet or not sys.stderr.isatty(),
         )  # fmt: skip
         with progress as prog:
             task = prog.add_task("generating", total=None)

@@ -246,7 +246,8 @@ def import_tensorrt() -> Any:
         import tensorrt as trt
     except ImportError as exc:
         raise CodecError(
-            f"the TensorRT codec backend needs the tensorrt package: {INSTALL_HINT} ({exc})"
+            "the TensorRT codec backend (and `streamtts build-engine`) runs on an NVIDIA GPU "
+            f"and needs the tensorrt package: {INSTALL_HINT} ({exc})"
         ) from exc
     return trt
 

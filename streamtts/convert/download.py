@@ -85,6 +85,13 @@ def _snapshot_download() -> Fetcher:
     return fetch
 
 
+OFFLINE_ADVICE = (
+    f"fetch the three repositories on another machine (`hf download {GGUF_REPO} --local-dir "
+    f"DIR/{GGUF_DIR}`, the same for {CODEC_REPO} into DIR/{CODEC_DIR} and {CODEC_CKPT_REPO} "
+    "into DIR/" + CODEC_CKPT_DIR + ") and run `streamtts download --from-dir DIR`"
+)
+
+
 def fetch_repo(
     repo_id: str,
     local_dir: Path,
@@ -92,8 +99,10 @@ def fetch_repo(
     *,
     revision: str | None = None,
     fetcher: Fetcher | None = None,
+    offline: str | None = None,
 ) -> Path:
-    """One hub repository into ``local_dir`` (resumes a partial download)."""
+    """One hub repository into ``local_dir`` (resumes a partial download); ``offline`` is
+    what to do without access to the hub (default: ``streamtts download``'s way)."""
     fetch = fetcher or _snapshot_download()
     log.info("downloading %s (%s) into %s", repo_id, ", ".join(patterns), local_dir)
     try:
@@ -104,9 +113,7 @@ def fetch_repo(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DownloadError(
             f"downloading {repo_id} failed ({first.removeprefix('Got: ')}); without access to "
-            "huggingface.co, fetch both repositories on another machine (`hf download REPO "
-            "--local-dir DIR/REPO_NAME`) and run `streamtts download --from-dir DIR`, or set "
-            "HF_ENDPOINT to a mirror"
+            f"huggingface.co, {offline or OFFLINE_ADVICE}, or set HF_ENDPOINT to a mirror"
         ) from exc
     return local_dir
 

@@ -141,9 +141,13 @@ def resolve_source(
     from .download import fetch_repo
 
     local = cache_dir() / "hf" / text.replace("/", "--")
-    fetch_repo(text, local, HUB_META_PATTERNS, revision=revision, fetcher=fetcher)
+    offline = (
+        f"fetch it on another machine (`hf download {text} --local-dir DIR`) and convert that "
+        "folder: `streamtts convert-hf DIR --out ...`"
+    )
+    fetch_repo(text, local, HUB_META_PATTERNS, revision=revision, fetcher=fetcher, offline=offline)
     read_config(local)  # not a MOSS-TTS-Delay checkpoint: say so before the big download
-    fetch_repo(text, local, HUB_PATTERNS, revision=revision, fetcher=fetcher)
+    fetch_repo(text, local, HUB_PATTERNS, revision=revision, fetcher=fetcher, offline=offline)
     return local
 
 

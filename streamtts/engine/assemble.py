@@ -114,18 +114,23 @@ def model_member(config_json: Path | None) -> Member:
         raise ModelFileError(Path(str(config_json)), "a known model_kind", str(exc)) from exc
 
 
+_busy_said = False  # the busy-cores warning was given
+
+
 def _auto_threads() -> int:
     """``n_threads: 0``: the idle physical cores (model/threads.py says why), with a warning
     when that is fewer than the machine has."""
     from ..model.threads import auto_threads
 
+    global _busy_said
     c = auto_threads()
     if c.reduced:
-        log.warning(
-            "other processes keep %.1f of %d cores busy: llama.cpp gets %d thread(s), not %d "
-            "(threads that share a busy core stall every step; --n-threads / n_threads overrides)",
-            c.busy_elsewhere, c.physical_cores, c.threads, c.physical_cores,
-        )  # fmt: skip
+        if not _busy_said:  # once a process (a server's engines, a benchmark's runs)
+            _busy_said = True
+            log.warning(
+                "%.1f of %d cores are busy with other processes: llama.cpp uses %d thread(s) "
+                "(--n-threads sets it)", c.busy_elsewhere, c.physical_cores, c.threads,
+            )  # fmt: skip
     else:
         log.info("n_threads auto: %d (other processes busy on %.1f cores)", c.threads, c.busy_elsewhere)
     return int(c.threads)

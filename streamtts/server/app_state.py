@@ -154,6 +154,13 @@ class ServerState:
         return ref is not None, ref
 
     # -- access checks -------------------------------------------------------------------------
+    # what a refused client is told: the flag that set the token, and how to send it
+    TOKEN_REFUSED = (
+        "missing or wrong bearer token: this server was started with --token; send the same "
+        "token as `Authorization: Bearer TOKEN` (streamtts say and the examples: --token TOKEN "
+        "or $STREAMTTS_TOKEN; a browser: ?token=TOKEN)"
+    )
+
     def token_ok(self, headers: Any, query: Any) -> bool:
         want = self.settings.token
         if not want:

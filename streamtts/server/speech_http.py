@@ -128,7 +128,7 @@ def check_access(state: ServerState, request: Request) -> Response | None:
         m.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
         REFUSALS.log("refused %s %s from %s: no valid token", request.method, request.url.path, client)
         return error_response(
-            401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token", "authentication_error"
+            401, ErrorCode.UNAUTHORIZED, state.TOKEN_REFUSED, "authentication_error"
         )
     return None
 

@@ -562,7 +562,7 @@ async def websocket_endpoint(ws: WebSocket) -> None:
     if not state.token_ok(ws.headers, ws.query_params):
         state.metrics.errors_total.inc(code=ErrorCode.UNAUTHORIZED)
         REFUSALS.log("refused WebSocket from %s: no valid token", client)
-        await deny_websocket(ws, 401, ErrorCode.UNAUTHORIZED, "missing or wrong bearer token")
+        await deny_websocket(ws, 401, ErrorCode.UNAUTHORIZED, state.TOKEN_REFUSED)
         return
     if state.drain.active:
         await refuse_websocket(ws, state.drain)

@@ -198,7 +198,9 @@ def test_speak_without_a_sound_card_or_save_writes_a_named_file(demo_cache: Path
 def test_download_offline_says_what_to_do_and_leaves_no_folder(tmp_path: Path) -> None:
     dest = tmp_path / "new" / "weights"
     r = run("download", "--dest", str(dest), env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "5"}, timeout=120)
-    one_line_error(r, "--from-dir", "hf download")
+    from streamtts.convert.download import CODEC_CKPT_REPO, CODEC_REPO, GGUF_REPO
+
+    one_line_error(r, "--from-dir", "hf download", "three repositories", GGUF_REPO, CODEC_REPO, CODEC_CKPT_REPO)
     assert not (tmp_path / "new").exists()
 
 
@@ -267,11 +269,11 @@ def test_synth_prints_one_notice_logs_nothing_and_q_silences_it(demo_cache: Path
     assert r.stdout.startswith(f"wrote {tmp_path / 'a.wav'}") and len(r.stdout.splitlines()) == 1
     notice = [ln for ln in r.stderr.splitlines() if "demo model" in ln]
     assert len(notice) == 1 and "tones, not words" in notice[0], r.stderr
-    assert "INFO" not in r.stderr
+    assert "info:" not in r.stderr
     q = run("-q", "synth", "--text", "Hello there.", "--out", str(tmp_path / "b.wav"), "--seed", "1", "--n-threads", "1", env=env)
     assert q.returncode == 0 and q.stderr == "" and q.stdout.startswith("wrote"), q.stderr
     v = run("synth", "--text", "Hello there.", "--out", str(tmp_path / "c.wav"), "-v", "--n-threads", "1", env=env)
-    assert v.returncode == 0 and "INFO" in v.stderr and "INFO" not in v.stdout
+    assert v.returncode == 0 and "streamtts: info: " in v.stderr and "info:" not in v.stdout
 
 
 def test_speak_with_save_and_no_sound_card(demo_cache: Path, tmp_path: Path) -> None:
@@ -298,6 +300,8 @@ def test_convert_and_build_engine_use_the_demo_model_without_config(demo_cache: 
     r = run("convert", "--out", str(tmp_path / "fused.gguf"), env=env)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "fused.gguf").stat().st_size > 0 and "demo model" in r.stderr
+    # no config of the user's to edit: it is not asked to add a line to one
+    assert "add to your config" not in r.stdout and "the demo model needs none of this" in r.stdout
     r = run("build-engine", "--dry-run", env=env)
     assert r.returncode == 0 and "demo model" in r.stderr, r.stderr
 

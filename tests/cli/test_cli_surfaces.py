@@ -234,3 +234,73 @@ def test_serve_stops_on_ctrl_c_with_a_client_that_stopped_reading(demo_model_dir
             srv.proc.kill()
     log = srv.log_path.read_text(errors="replace")
     assert "graceful shutdown exceeded" not in log and "Traceback" not in log, log[-3000:]
+
+
+# -- 7. from another machine -------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_serve_beyond_loopback_without_a_token_warns_once_before_loading() -> None:
+    # the bridge missing: the warning must come before the model loads (which then fails)
+    env = {**os.environ, "STREAMTTS_BRIDGE_LIB": "/nonexistent/libstreamtts_bridge.so"}
+    r = subprocess.run(streamtts("serve", "--host", "0.0.0.0", "--port", "0"), capture_output=True, text=True,
+                       env=env, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    warned = [ln for ln in r.stderr.splitlines() if "without --token" in ln]
+    assert len(warned) == 1 and warned[0].startswith("streamtts: warning: listening on 0.0.0.0"), r.stderr
+    assert "--token SECRET" in warned[0] and "--host 127.0.0.1" in warned[0]
+    assert r.stderr.index("without --token") < r.stderr.index("bridge library")
+
+
+@pytest.fixture(scope="module")
+def open_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`serve --host 0.0.0.0 --token s3cret` on a free port: (process, port, its log so far)."""
+    import socket as so
+
+    with so.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("open") / "serve.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            streamtts("serve", "--config", str(demo_model_dir / "config.yaml"), "--host", "0.0.0.0",
+                      "--port", str(port), "--token", "s3cret", "--segment-max-new-tokens", "60"),
+            stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    wait_for(lambda: "from another machine" in log.read_text(errors="replace"), proc, timeout=300)
+    yield proc, port, log.read_text(errors="replace")
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+
+
+def test_serve_on_every_interface_prints_addresses_to_open(open_server: Any) -> None:
+    _, port, log = open_server
+    line = next(ln for ln in log.splitlines() if "from another machine" in ln)
+    assert line.startswith("streamtts: from another machine: http://") and f":{port}" in line
+    assert "without --token" not in log  # it has one
+
+
+@pytest.mark.parametrize(
+    "client",
+    [
+        ["say", "Hello there."],
+        [str(EXAMPLES / "ws_client.py"), "Hello there."],
+        [str(EXAMPLES / "openai_speech.py"), "Hello there."],
+        [str(EXAMPLES / "openai_speech.py"), "Hello there.", "--sdk"],
+        [str(EXAMPLES / "llm_stream.py"), "Hello there."],
+    ],
+    ids=["say", "ws_client", "openai_speech", "openai_sdk", "llm_stream"],
+)
+def test_a_client_without_the_token_is_told_to_give_it(open_server: Any, client: list[str], tmp_path: Path) -> None:
+    _, port, _ = open_server
+    cmd = streamtts(*client) if client[0] == "say" else [sys.executable, *client]
+    args = [*cmd, "--server", f"http://127.0.0.1:{port}", "--save", str(tmp_path / "x.wav")]
+    env = {k: v for k, v in os.environ.items() if k != "STREAMTTS_TOKEN"}
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "401" in line and "--token" in line, r.stderr
+    # the same with the token in the environment: spoken
+    ok = subprocess.run(args, capture_output=True, text=True, env={**env, "STREAMTTS_TOKEN": "s3cret"}, timeout=300,
+                        stdin=subprocess.DEVNULL)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert sf.info(str(tmp_path / "x.wav")).frames > 0
