@@ -247,10 +247,18 @@ async def save_instead(chunks: Any, path: str, exc: PlaybackError, quiet: bool) 
     if not quiet:
         print(f"streamtts: {exc.reason}: writing {path} only", file=sys.stderr)
     written = 0
-    with sf.SoundFile(path, "w", SAMPLE_RATE, 1, subtype=save_subtype(path)) as f:
+    f = None  # opened with the first audio: a request refused at once leaves no file
+    try:
         async for pcm in chunks:
+            if f is None:
+                f = sf.SoundFile(path, "w", SAMPLE_RATE, 1, subtype=save_subtype(path))
             f.write(pcm)
             written += len(pcm)
+        if f is None:  # spoken, but no audio: still the file asked for
+            f = sf.SoundFile(path, "w", SAMPLE_RATE, 1, subtype=save_subtype(path))
+    finally:
+        if f is not None:
+            f.close()
     return written
 
 

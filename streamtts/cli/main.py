@@ -127,7 +127,7 @@ def build_parser() -> Parser:
 
 def _add_optional_commands(sub: Any) -> None:
     """Commands that live in their own modules (server, client, GPU tools, codec build)."""
-    for name in ("serve", "say", "convert", "codec"):
+    for name in ("serve", "say", "listing", "convert", "codec"):
         try:
             mod = __import__(f"streamtts.cli.{name}", fromlist=["add_parser"])
         except ImportError as exc:

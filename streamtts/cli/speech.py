@@ -62,6 +62,11 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
         "--reference-codes", action="append", metavar="F.npy", default=[],
         help="a pre-encoded voice, (T, n_vq) codes; repeat for a dialogue, in speaker order ([S1], [S2], ...)",
     )  # fmt: skip
+    p.add_argument(
+        "--voice", metavar="NAME",
+        help="a voice by name: the config's voices (`streamtts voices` lists them), or an upload's name "
+        "in the shared voice store ($STREAMTTS_VOICE_STORE); default: the model's own voice",
+    )  # fmt: skip
     p.add_argument("--prefix", metavar="FILE", help="audio to continue (a clip or a .npy of codes)")
     p.add_argument("--prefix-codes", metavar="F.npy", help="pre-encoded audio to continue, (T, n_vq) codes")
     p.add_argument("--prefix-text", help="the --prefix audio's transcript (spoken before --text, as the official app does)")
@@ -140,8 +145,11 @@ def _codes_flags(args: argparse.Namespace) -> None:
 
 
 def _check_request(args: argparse.Namespace) -> None:
+    from .voice_flag import resolve_voice_flag
+
     check_config(args)
     _codes_flags(args)
+    resolve_voice_flag(args)  # --voice NAME: a configured clip becomes --reference
     given = {f: (n, getattr(args, n)) for f, _, n, _ in SAMPLING_FLAGS if getattr(args, n) is not None}
     check_sampling(given)
     check_voice(args.reference, "--reference")
@@ -175,6 +183,10 @@ async def _voices(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     if args.reference:
         kw["reference"] = await load_voice(engine, args.reference, "--reference")
+    elif getattr(args, "voice_store", None):
+        from .voice_flag import stored_voice
+
+        kw["reference"] = await stored_voice(args)
     if args.speaker:
         kw["speakers"] = {k: await load_voice(engine, p, f"--speaker {k}") for k, p in args.speaker}
     if args.speaker_text:

@@ -57,7 +57,7 @@ from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
 from .voice_names import VoiceNames
 from .voice_store import redact_url
-from .voices import VoiceStore, open_shared_voices
+from .voices import MAX_NAME_CHARS, VoiceStore, open_shared_voices, valid_voice_name
 from .ws import websocket_endpoint
 
 log = logging.getLogger(__name__)
@@ -292,8 +292,13 @@ async def upload_voice(request: Request) -> Response:
             ErrorCode.INVALID_REFERENCE_AUDIO,
             "empty body: send the clip's bytes (wav, flac, ogg)",
         )
+    name = request.query_params.get("name", "") or form_name
+    refused = _refuse_name(s, name)
+    if refused is not None:
+        m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
+        return error_response(400, ErrorCode.INVALID_REQUEST, refused, param="name")
     try:
-        voice = await s.voices.add(data, name=request.query_params.get("name", "") or form_name)
+        voice = await s.voices.add(data, name=name)
     except ReferenceAudioError as exc:
         m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
         return error_response(400, ErrorCode.INVALID_REFERENCE_AUDIO, str(exc))
@@ -313,6 +318,17 @@ async def upload_voice(request: Request) -> Response:
         },
         status_code=200 if voice.cached else 201,
     )
+
+
+def _refuse_name(s: ServerState, name: str) -> str | None:
+    """Why an upload may not take ``name`` (requests then use the name), or None."""
+    if not name:
+        return None
+    if not valid_voice_name(name):
+        return f"name {name[:80]!r}: a voice name is 1-{MAX_NAME_CHARS} characters, not in a voice id's form"
+    if name in s.voice_names:
+        return f"name {name!r} is one of the config's voice names ({', '.join(s.voice_names.names)}): choose another"
+    return None
 
 
 async def list_voices(request: Request) -> Response:

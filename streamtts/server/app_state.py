@@ -145,6 +145,10 @@ class ServerState:
         """A configured name's clip, else an uploaded voice id's voice (None: neither)."""
         return self.voice_names.get(name) or self.voices.get(name)
 
+    def unknown_voice(self, name: str) -> str:
+        """The message for a request naming no voice: every voice it could have named."""
+        return self.voice_names.unknown_message(name, self.voices.local.names())
+
     def lookup_voice(self, name: str) -> tuple[bool, Voice | None]:
         """(known, reference) for a request's ``voice``: a name of the model's own voice is
         known without a reference."""

@@ -3,8 +3,11 @@
 * ``GET /v1/models``: OpenAI's list shape; the one model this server serves, with the family
   member it is (``model_kind``) and its codebooks (``n_vq``).
 * ``GET /v1/audio/voices``: every voice a request may name: the config's ``voices:`` names
-  (``kind: "name"``; the model's own voice has ``seconds`` null) and the uploaded or stored
-  voices (``kind: "uploaded"``), each with ``id``, ``name``, ``seconds`` and ``n_vq``.
+  (``kind: "name"``; the model's own voice has ``seconds`` null, and the names that are only
+  aliases of it, OpenAI's ``alloy``, ``nova``, ... without a table, say so: ``alias_of:
+  "default"``) and the uploaded or stored voices (``kind: "uploaded"``; a request may name
+  one by its ``name`` too), each with ``id``, ``name``, ``seconds``, ``n_vq`` and
+  ``description``.
 """
 
 from __future__ import annotations
@@ -50,18 +53,24 @@ async def list_audio_voices(request: Request) -> Response:
         return denied
     n_vq = s.engine.info.get("n_vq")
     voices: list[dict[str, Any]] = []
+    aliases = set(s.voice_names.aliases())
     for name in s.voice_names.names:
         v = s.voice_names.get(name)
-        voices.append({
+        entry: dict[str, Any] = {
             "id": name, "name": name, "kind": "name",
             "seconds": None if v is None else round(v.seconds, 3),
             "n_vq": n_vq if v is None else int(v.codes.shape[1]),
-        })  # fmt: skip
+            "description": "a clip of the config's voices" if v is not None else "the model's own voice",
+        }  # fmt: skip
+        if name in aliases:  # the same audio as `default`: say so, not a voice of its own
+            entry.update(alias_of="default", description="an alias of the model's own voice")
+        voices.append(entry)
     try:
         infos = await s.voices.infos()
     except VoiceStoreUnavailableError as exc:
         s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
         return error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
     for i in infos:
-        voices.append({"id": i.voice_id, "name": i.name, "kind": "uploaded", "seconds": i.seconds, "n_vq": i.n_vq})
+        voices.append({"id": i.voice_id, "name": i.name, "kind": "uploaded", "seconds": i.seconds, "n_vq": i.n_vq,
+                       "description": "an uploaded clip"})  # fmt: skip
     return JSONResponse({"voices": voices})

@@ -171,10 +171,15 @@ class Session:
         session_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sent_audio: Callable[[str | None], float] | None = None,
+        unknown_voice: Callable[[str], str] | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
         self.id = session_id or secrets.token_hex(8)
         self._voices = voices or (lambda _id: None)
+        # what a `start` naming no voice is told (the server lists the voices it has)
+        self._unknown_voice = unknown_voice or (
+            lambda name: f"no voice {_clip(name)!r} on this server (upload it with POST /v1/voices)"
+        )
         self._clock = clock
         self.state: State = "idle"
         self.format: AudioFormat = get_format(self.settings.default_format)
@@ -637,7 +642,7 @@ class Session:
             if not known:
                 self._error(
                     ErrorCode.UNKNOWN_VOICE,
-                    f"no voice {msg.voice!r} on this server (voices are cached for a while: upload it again with POST /v1/voices)",
+                    self._unknown_voice(msg.voice),
                 )
                 return False
         try:

@@ -323,7 +323,7 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
         known, reference = state.lookup_voice(req.voice)
         if not known:
             raise SpeechRequestError(
-                ErrorCode.UNKNOWN_VOICE, "voice", state.voice_names.unknown_message(req.voice)
+                ErrorCode.UNKNOWN_VOICE, "voice", state.unknown_voice(req.voice)
             )
     cap = state.settings.session.max_new_tokens
     try:

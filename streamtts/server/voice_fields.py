@@ -50,12 +50,12 @@ async def resolve_voice(state: ServerState, value: object, field: str, *, keep_c
         )  # fmt: skip
     try:
         voice = state.named_voice(value)
-        if voice is None and is_voice_id(value):
+        if voice is None:  # an id or an upload's name (the shared store's too)
             voice = await state.voices.fetch(value)
         if voice is not None:
             return voice
         if is_voice_id(value) or len(value) < MIN_CLIP_CHARS:
-            raise VoiceFieldError(ErrorCode.UNKNOWN_VOICE, field, state.voice_names.unknown_message(value))
+            raise VoiceFieldError(ErrorCode.UNKNOWN_VOICE, field, state.unknown_voice(value))
         try:
             data = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):

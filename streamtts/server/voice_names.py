@@ -17,7 +17,7 @@ refused with the list of the names there are.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 from ..errors import ConfigError, ReferenceAudioError
@@ -68,8 +68,26 @@ class VoiceNames:
                 raise ConfigError(f"voices: {name}: {path}: {exc}") from exc
             log.info("voice %r: %s (%d frames)", name, path, self._voices[name].codes.shape[0])
 
-    def unknown_message(self, name: str) -> str:
+    def aliases(self) -> list[str]:
+        """The names that stand for the model's own voice besides ``default``."""
+        return sorted(self.own - {"default"})
+
+    def summary(self, uploaded: Iterable[str] = ()) -> str:
+        """The voices there are, by kind: ``default (the model's own voice; alloy, ... are
+        its aliases); alice (the config's voices); bob (uploaded)``."""
+        aliases = self.aliases()
+        has = [f"default (the model's own voice; {', '.join(aliases)} are its aliases)"
+               if aliases else "default (the model's own voice)"]  # fmt: skip
+        if self.clips:
+            has.append(f"{', '.join(sorted(self.clips))} (the config's voices)")
+        uploaded = list(uploaded)
+        if uploaded:
+            has.append(f"{', '.join(uploaded)} (uploaded)")
+        return "; ".join(has)
+
+    def unknown_message(self, name: str, uploaded: Iterable[str] = ()) -> str:
+        """What a request naming no voice is told: the voices there are, and how to add one."""
         return (
-            f"unknown voice {name!r}; this server has: {', '.join(self.names)} "
-            "(or a voice id from POST /v1/voices)"
+            f"unknown voice {name!r}; this server has: {self.summary(uploaded)}; or upload a clip "
+            "(POST /v1/voices?name=NAME; `streamtts say --reference clip.wav`) and use its name or id"
         )

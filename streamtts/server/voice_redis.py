@@ -4,6 +4,7 @@ Keys (``key_prefix`` default ``streamtts:``)::
 
     streamtts:voice:<voice id>    the StoredVoice (msgpack), EX ttl_s, refreshed on use
     streamtts:clip:<sha256>       the voice id encoded from that uploaded clip, EX ttl_s
+    streamtts:name:<name>         the voice id the name stands for (an upload's ?name=), EX ttl_s
 
 Every command has a short connect and read timeout and one immediate retry (the
 first command on a pooled connection that Redis closed when it restarted fails;
@@ -101,6 +102,16 @@ class RedisVoices:
 
     async def find_clip(self, clip: str) -> str | None:
         data = await self._call("find", lambda: self._r.getex(self._ckey(clip), ex=self.ttl))
+        return None if data is None else _bytes(data).decode("ascii", "replace")
+
+    def _nkey(self, name: str) -> str:
+        return f"{self._prefix}name:{name}"
+
+    async def name(self, name: str, voice_id: str) -> None:
+        await self._call("name", lambda: self._r.set(self._nkey(name), voice_id.encode(), ex=self.ttl))
+
+    async def find_name(self, name: str) -> str | None:
+        data = await self._call("find", lambda: self._r.getex(self._nkey(name), ex=self.ttl))
         return None if data is None else _bytes(data).decode("ascii", "replace")
 
     async def delete(self, voice_id: str) -> bool:

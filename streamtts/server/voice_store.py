@@ -77,6 +77,12 @@ class SharedVoices(Protocol):
     async def find_clip(self, clip: str) -> str | None:
         """The id of the voice encoded from the clip with this digest, if stored."""
 
+    async def name(self, name: str, voice_id: str) -> None:
+        """Let ``name`` stand for the voice (an upload with a name; the latest one keeps it)."""
+
+    async def find_name(self, name: str) -> str | None:
+        """The id ``name`` stands for, if stored."""
+
     async def delete(self, voice_id: str) -> bool: ...
 
     async def ids(self, limit: int) -> list[str]: ...

@@ -50,6 +50,7 @@ __all__ = [
     "VoiceStore",
     "clip_digest",
     "open_shared_voices",
+    "valid_voice_name",
     "voice_id_for",
 ]
 
@@ -72,6 +73,14 @@ def clip_digest(data: bytes) -> str:
 
 def is_voice_id(value: str) -> bool:
     return bool(_ID.match(value))
+
+
+MAX_NAME_CHARS = 64
+
+
+def valid_voice_name(name: str) -> bool:
+    """A name an upload may give its voice: 1-64 characters, not blank, not an id's form."""
+    return 0 < len(name) <= MAX_NAME_CHARS and bool(name.strip()) and not is_voice_id(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +108,7 @@ class LocalVoices:
         self._voices: OrderedDict[str, tuple[Voice, float]] = OrderedDict()
         self._clips: dict[str, str] = {}
         self._clips_of: dict[str, set[str]] = {}
+        self._names: dict[str, str] = {}  # an upload's name -> its voice id
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -143,12 +153,24 @@ class LocalVoices:
     def clip(self, digest: str) -> str | None:
         return self._clips.get(digest)
 
+    def name(self, name: str, voice_id: str) -> None:
+        self._names[name] = voice_id
+
+    def named(self, name: str) -> str | None:
+        return self._names.get(name)
+
     def ids(self) -> list[str]:
         return list(self._voices)
+
+    def names(self) -> list[str]:
+        """The uploads' names this process knows."""
+        return sorted(self._names)
 
     def _forget_clips(self, voice_id: str) -> None:
         for c in self._clips_of.pop(voice_id, ()):
             self._clips.pop(c, None)
+        for n in [n for n, v in self._names.items() if v == voice_id]:
+            del self._names[n]
 
 
 class VoiceStore:
@@ -194,16 +216,24 @@ class VoiceStore:
         return len(self.local)
 
     def __contains__(self, voice_id: object) -> bool:
-        return voice_id in self.local
+        return isinstance(voice_id, str) and self.resolve(voice_id) in self.local
+
+    def resolve(self, value: str) -> str:
+        """The voice id ``value`` is, or stands for as an upload's name here (else itself)."""
+        return value if is_voice_id(value) else self.local.named(value) or value
 
     def get(self, voice_id: str) -> Voice | None:
-        """The voice if this process holds it (no I/O)."""
-        return self.local.get(voice_id)
+        """The voice (by id, or an upload's name) if this process holds it (no I/O)."""
+        return self.local.get(self.resolve(voice_id))
 
     async def fetch(self, voice_id: str) -> Voice | None:
-        """The voice, from the local cache or the shared store; None when unknown."""
+        """The voice (by id, or an upload's name), from the local cache or the shared store;
+        None when unknown."""
         if not is_voice_id(voice_id):
-            return None
+            found = await self._find_name(voice_id)
+            if found is None:
+                return None
+            voice_id = found
         local = self.local.get(voice_id)
         if self.shared is None:
             return local
@@ -226,8 +256,34 @@ class VoiceStore:
             self.local.put(voice_id, voice)
         return voice
 
+    async def _find_name(self, name: str) -> str | None:
+        """The id an upload's name stands for: this process's, else the shared store's."""
+        if not valid_voice_name(name):
+            return None
+        here = self.local.named(name)
+        if self.shared is None:
+            return here
+        try:
+            there = await self.shared.find_name(name)
+        except VoiceStoreUnavailableError:
+            if here is not None:  # keep serving what we know
+                return here
+            raise
+        if there is not None:
+            self.local.name(name, there)
+        return there
+
     async def add(self, data: bytes, name: str = "") -> VoiceInfo:
-        """Encode ``data`` (any audio file soundfile reads) unless known; return its id."""
+        """Encode ``data`` (any audio file soundfile reads) unless known; return its id.
+        ``name`` (checked by :func:`valid_voice_name`) then stands for it in requests."""
+        info = await self._add(data, name)
+        if name:
+            self.local.name(name, info.voice_id)
+            if self.shared is not None:
+                await self.shared.name(name, info.voice_id)
+        return info
+
+    async def _add(self, data: bytes, name: str) -> VoiceInfo:
         clip = clip_digest(data)
         known = await self._known_clip(clip)
         if known is not None:
@@ -288,6 +344,9 @@ class VoiceStore:
         return vid, voice
 
     async def delete(self, voice_id: str) -> bool:
+        """Forget the voice (by id, or an upload's name)."""
+        if not is_voice_id(voice_id):
+            voice_id = await self._find_name(voice_id) or voice_id
         here = self.local.pop(voice_id)
         if self.shared is None:
             return here

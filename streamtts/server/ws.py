@@ -200,6 +200,7 @@ class WsConnection:
             state.settings.session,
             voices=self._voice,
             sent_audio=lambda cid: self.outbox.sent_by.get(cid, 0.0),
+            unknown_voice=state.unknown_voice,
         )
         # A voice fetch (shared store) that failed: the session's lookup raises it.
         self._voice_errors: dict[str, VoiceStoreUnavailableError | InputError] = {}

@@ -185,7 +185,7 @@ def test_a_voice_uploaded_through_one_replica_is_found_by_another(redis_server: 
     run(scenario())
     r = redis.Redis(port=redis_server.port)
     keys = sorted(k.decode() for k in r.keys("streamtts:*"))
-    assert [k.split(":")[1] for k in keys] == ["clip", "voice"]
+    assert [k.split(":")[1] for k in keys] == ["clip", "name", "voice"]  # "Kim" stands for it
     assert all(0 < r.ttl(k) <= 600 for k in keys)  # a TTL on every key
 
 
@@ -236,5 +236,41 @@ def test_redis_down_then_back_without_a_new_store(redis_server: Any) -> None:
         finally:
             await a.aclose()
             await b.aclose()
+
+    run(scenario())
+
+
+def test_a_name_given_at_upload_stands_for_the_voice_on_every_replica(redis_server: Any) -> None:
+    """An upload's name is a voice's name everywhere: this replica, another one, and after a
+    new upload takes the name (the latest keeps it); a name that is no voice's is None."""
+
+    async def scenario() -> None:
+        a = store_on(redis_server.url, FakeEncoder(), ttl_s=600.0)
+        b = store_on(redis_server.url, FakeEncoder(), ttl_s=600.0)
+        try:
+            first = await a.add(b"a-clip", name="alice")
+            assert a.get("alice") is not None and a.resolve("alice") == first.voice_id
+            v = await b.fetch("alice")  # the other replica asks the store
+            assert v is not None and b.resolve("alice") == first.voice_id
+            second = await b.add(b"z-clip", name="alice")  # another clip takes the name
+            assert second.voice_id != first.voice_id
+            assert (await a.fetch("alice")) is not None and a.resolve("alice") == second.voice_id
+            assert await a.fetch("bob") is None and a.get("bob") is None
+            assert await b.delete("alice") and await b.fetch(second.voice_id) is None
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    run(scenario())
+
+
+def test_a_name_in_memory_and_its_voice_leave_together() -> None:
+    async def scenario() -> None:
+        store = VoiceStore(FakeEncoder(), 1)
+        info = await store.add(b"a-clip", name="alice")
+        assert store.get("alice") is not None and await store.fetch("alice") is not None
+        await store.add(b"b-clip")  # capacity 1: alice's voice is evicted, and its name
+        assert store.get("alice") is None and await store.fetch("alice") is None
+        assert store.local.names() == [] and info.voice_id not in store
 
     run(scenario())

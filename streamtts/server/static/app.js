@@ -35,7 +35,7 @@ function freshStats() {
 
 // Everything measured, for the page and for automated tests (window.streamtts).
 const stats = (window.streamtts = Object.assign(freshStats(), {
-  info: null, upload: null, meter: { ready: false, sound: false, soundSince: null, silentSince: null },
+  info: null, upload: null, voices: 0, meter: { ready: false, sound: false, soundSince: null, silentSince: null },
 }));
 
 let ctx = null, meterNode = null, run = null;
@@ -296,11 +296,35 @@ async function upload(file) {
     if (!resp.ok) throw new Error(body.error ? body.error.message : `HTTP ${resp.status}`);
     stats.upload = { state: "done", name: file.name, ...body };
     $("voice").value = body.voice_id;
+    loadVoices();
     $("upload-status").textContent =
       `voice ${body.voice_id} (${body.seconds.toFixed(1)} s${body.cached ? ", known" : ""}): in use`;
   } catch (err) {
     stats.upload = { state: "error", name: file.name, error: String(err.message || err) };
     $("upload-status").textContent = `upload failed: ${stats.upload.error}`;
+  }
+}
+
+// -- voices: the server's list, offered by the voice field --------------------------------------
+async function loadVoices() {
+  const token = $("token").value.trim();
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  try {
+    const resp = await fetch("/v1/audio/voices", { headers });
+    if (!resp.ok) return;  // 401 until the token is given: the field still takes an id
+    const list = $("voice-list");
+    list.replaceChildren();
+    for (const v of (await resp.json()).voices) {
+      const opt = document.createElement("option");
+      opt.value = v.kind === "uploaded" && v.name ? v.name : v.id;
+      opt.label = v.kind === "uploaded"
+        ? `${v.name || v.id}: uploaded, ${v.seconds.toFixed(1)} s`
+        : `${v.id}: ${v.description || "a configured voice"}`;
+      list.appendChild(opt);
+    }
+    stats.voices = list.children.length;
+  } catch (err) {
+    // the server is not up yet: loadInfo retries, and loads the voices once it is
   }
 }
 
@@ -322,6 +346,7 @@ async function loadInfo() {
     const info = await (await fetch("/v1/info")).json();
     if (!info.ready) { setTimeout(loadInfo, 1000); return; }
     stats.info = info;
+    loadVoices();
     $("model").textContent = info.model;
     if (info.notice) {
       $("notice").textContent = info.notice;
@@ -336,6 +361,7 @@ $("speak").addEventListener("click", speak);
 $("stop").addEventListener("click", stop);
 const qtoken = params.get("token");
 if (qtoken) $("token").value = qtoken;
+$("token").addEventListener("change", loadVoices);
 setupUpload();
 loadInfo();
 requestAnimationFrame(tick);

@@ -1,0 +1,124 @@
+"""``streamtts voices`` and ``streamtts models``: what a request may name, here or on a server.
+
+Without ``--server`` they read the config (the demo model's without ``--config``) and load no
+model: the member and its codebooks, the config's ``voices:`` names. With ``--server URL``
+they ask that server (``GET /v1/audio/voices``, ``GET /v1/models``), uploaded voices included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ..errors import UsageError
+from .serve import TOKEN_ENV
+
+
+def add_parser(sub: Any) -> None:
+    from .common import add_model_args
+
+    for name, text in (
+        ("voices", "list the voices a request may name (--server: that server's, uploads too)"),
+        ("models", "list the model served (--server: that server's)"),
+    ):
+        p: argparse.ArgumentParser = sub.add_parser(name, help=text, description=__doc__)
+        add_model_args(p)
+        p.add_argument("--server", help="a server's base URL (default: this machine's config)")
+        p.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"the server's --token (or ${TOKEN_ENV})")
+        p.add_argument("--json", action="store_true", help="print the listing as JSON")
+        p.set_defaults(handler=_voices if name == "voices" else _models, check=_check)
+
+
+def _check(args: argparse.Namespace) -> None:
+    from .common import check_config
+
+    if not args.server:
+        check_config(args)
+
+
+def fetch_json(server: str, path: str, token: str | None) -> Any:
+    """GET ``server`` + ``path``; a refusal or an unreachable server is a UsageError."""
+    from ..client import http_base
+
+    url = http_base(server) + path
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            why = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            why = exc.reason
+        raise UsageError(f"{url}: HTTP {exc.code}: {why}") from exc
+    except OSError as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UsageError(f"cannot reach {url}: {reason} (is `streamtts serve` running there?)") from exc
+
+
+def local_voices(cfg: Any) -> list[dict[str, Any]]:
+    """The voices a request to this config's engine may name: the config's ``voices:``
+    table, as the server lists them (OpenAI's names without one)."""
+    from ..server.voice_names import VoiceNames
+
+    names = VoiceNames(cfg.voices)
+    aliases = set(names.aliases())
+    out = []
+    for name in names.names:
+        clip = names.clips.get(name)
+        entry = {"id": name, "name": name, "kind": "name",
+                 "description": f"a clip: {clip}" if clip else "the model's own voice"}  # fmt: skip
+        if name in aliases:
+            entry.update(alias_of="default", description="an alias of the model's own voice")
+        out.append(entry)
+    return out
+
+
+def _voices(args: argparse.Namespace) -> int:
+    if args.server:
+        voices = fetch_json(args.server, "/v1/audio/voices", args.token)["voices"]
+    else:
+        from .common import load_config_or_demo
+
+        voices = local_voices(load_config_or_demo(args.config))
+    if args.json:
+        print(json.dumps(voices, indent=1))
+        return 0
+    own = [v["id"] for v in voices if v.get("alias_of")]
+    for v in voices:
+        if v.get("alias_of"):
+            continue  # said once, below
+        seconds = f", {v['seconds']:.1f} s" if v.get("seconds") else ""
+        label = v["name"] if v.get("kind") == "uploaded" and v.get("name") else v["id"]
+        ident = f" ({v['id']})" if label != v["id"] else ""
+        print(f"{label}{ident}: {v.get('description') or v.get('kind', '')}{seconds}")
+    if own:
+        print(f"{', '.join(own)}: aliases of default, the model's own voice (the same audio)")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    if args.server:
+        models = fetch_json(args.server, "/v1/models", args.token)["data"]
+    else:
+        from ..config import find_model_config
+        from ..demo.model import demo_marker
+        from ..engine.assemble import model_member
+        from .common import load_config_or_demo
+
+        cfg = load_config_or_demo(args.config)
+        m = model_member(find_model_config(cfg))
+        models = [{"id": "streamtts", "model_kind": m.kind, "title": m.title, "n_vq": m.n_vq,
+                   "name": os.path.basename(cfg.backbone_gguf), "config": cfg.source,
+                   "demo": bool(cfg.source and demo_marker(cfg.source))}]  # fmt: skip
+    if args.json:
+        print(json.dumps(models, indent=1))
+        return 0
+    for m in models:
+        extra = " (the synthetic demo model: random weights)" if m.get("demo") else ""
+        print(f"{m.get('name') or m['id']}: {m.get('model_kind')}, {m.get('n_vq')} codebooks{extra}")
+    return 0
