@@ -133,6 +133,37 @@ run_logged() {
     RUN_CMD=""
 }
 
+# cmake --build's output into $LOG, and its progress shown as it comes: Ninja's [n/N] (or
+# make's [ n%]) counters with the time left at the pace so far: one line redrawn on a
+# terminal, else a line every 10 %.
+build_progress() {
+    local line n total pct left tenth=-1 start=$SECONDS tty=0
+    [[ -t 1 ]] && tty=1
+    while IFS= read -r line; do
+        printf '%s\n' "$line" >>"$LOG"
+        if [[ "$line" =~ ^\[([0-9]+)/([0-9]+)\] ]]; then
+            n=${BASH_REMATCH[1]}; total=${BASH_REMATCH[2]}
+        elif [[ "$line" =~ ^\[\ *([0-9]+)%\] ]]; then
+            n=${BASH_REMATCH[1]}; total=100
+        else
+            continue
+        fi
+        (( total > 0 )) || continue
+        pct=$(( 100 * n / total ))
+        left=""
+        if (( n >= total / 20 && n > 0 && n < total )); then  # a pace worth extrapolating
+            left=", about $(( ( (SECONDS - start) * (total - n) / n + 59 ) / 60 )) min left"
+        fi
+        if (( tty )); then
+            printf '\r    [%d/%d] %d %%, %d s%s   ' "$n" "$total" "$pct" "$(( SECONDS - start ))" "$left"
+        elif (( pct / 10 > tenth )); then
+            tenth=$(( pct / 10 ))
+            printf '    [%d/%d] %d %%, %d s%s\n' "$n" "$total" "$pct" "$(( SECONDS - start ))" "$left"
+        fi
+    done
+    if (( tty )); then printf '\n'; fi
+}
+
 usage() {
     sed -n '2,/^set -Eeuo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
 }
@@ -434,7 +465,13 @@ fi
 LOG="$OUT/cmake-build.log"
 : >"$LOG"
 T0=$(date +%s)
-run_logged cmake --build "$BUILD" --config Release -j "$JOBS"
+if [[ "${STREAMTTS_BUILD_VERBOSE:-0}" == 1 ]]; then
+    run_logged cmake --build "$BUILD" --config Release -j "$JOBS"
+else
+    RUN_CMD="cmake --build $BUILD --config Release -j $JOBS"
+    cmake --build "$BUILD" --config Release -j "$JOBS" 2>&1 | build_progress
+    RUN_CMD=""
+fi
 note "done in $(( $(date +%s) - T0 )) s (log: $LOG)"
 
 # -- 5. install ------------------------------------------------------------------------------

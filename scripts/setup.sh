@@ -4,6 +4,8 @@
 # the repo, so a second run takes seconds).
 #
 #   bash scripts/setup.sh          # runtime (+ model writing, playback, download, examples, redis)
+#   bash scripts/setup.sh --quick-test  # runtime + pytest and hypothesis: what the quick tests
+#                                  # need (scripts/test.sh tests/core tests/text)
 #   bash scripts/setup.sh --test   # also the test tools (pytest, Playwright + Debian's Chromium,
 #                                  # redis-server and haproxy for the cluster tests, espeak-ng
 #                                  # for the word-timing benchmark and test) and the Vulkan build
@@ -14,9 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WITH_TEST=0
+QUICK_TEST=0
 for a in "$@"; do
   case "$a" in
     --test) WITH_TEST=1 ;;
+    --quick-test) QUICK_TEST=1 ;;
     *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -62,6 +66,7 @@ if [ ! -x .venv/bin/python ]; then
   $PY -m venv .venv
 fi
 extras="model,audio,hub,examples,redis"
+[ "$QUICK_TEST" = 1 ] && extras="$extras,quicktest"
 [ "$WITH_TEST" = 1 ] && extras="test"
 step "installing streamtts[$extras] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true
@@ -71,12 +76,7 @@ step "installing streamtts[$extras] into .venv"
 # -- 3. llama.cpp + bridge -----------------------------------------------------------------
 CURRENT="native build"
 step "building llama.cpp and the streamtts bridge (cached)"
-if [ ! -e "${STREAMTTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/streamtts}/native/current-cpu" ]; then
-  # the longest wait of a first setup: about 5 CPU-minutes of compiling (measured: 4m50s)
-  cores=$(nproc 2>/dev/null || echo 2)
-  echo "    first build: compiling llama.cpp takes about $(( (5 + cores - 1) / cores + 1 )) min on $cores core(s)" \
-       "(longer on a busy machine); the steps follow, later runs take seconds"
-fi
+# (a first build says how long it takes, and shows its progress: native/build.sh, step 4)
 PATH="$PWD/.venv/bin:$PATH" bash native/build.sh
 if [ "$WITH_TEST" = 1 ]; then
   CURRENT="native build (Vulkan)"

@@ -8,9 +8,32 @@
 # STREAMTTS_TEST_WHEEL=0 skips that step. The container image is built (or found in its cache)
 # by scripts/test_image.sh --build, for tests/deploy/test_image.py; STREAMTTS_TEST_IMAGE=0
 # skips that step.
+#
+# The quick tests: `bash scripts/test.sh tests/core tests/text` (only folders of pure code
+# named: tests/core, tests/text, tests/timing, tests/kernels, tests/audio) installs only what
+# they need (scripts/setup.sh --quick-test: the runtime, pytest and hypothesis; no browser,
+# Redis, HAProxy or Vulkan build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --test
+quick=0
+if [ "$#" -gt 0 ]; then
+  quick=1
+  for a in "$@"; do
+    case "$a" in
+      tests/core|tests/core/*|tests/text|tests/text/*|tests/timing|tests/timing/*) ;;
+      tests/kernels|tests/kernels/*|tests/audio|tests/audio/*) ;;
+      -*) ;;  # pytest's own options
+      *) quick=0 ;;
+    esac
+  done
+fi
+setup=(bash scripts/setup.sh --test)
+[ "$quick" = 1 ] && setup=(bash scripts/setup.sh --quick-test)
+if [ "${STREAMTTS_TEST_PLAN:-0}" = 1 ]; then  # say which setup these arguments get, and stop
+  echo "${setup[*]}"
+  exit 0
+fi
+"${setup[@]}"
 if [ "$#" = 0 ] && [ "${STREAMTTS_TEST_AVX2:-1}" != 0 ]; then
   bash scripts/test_avx2.sh
 fi

@@ -42,7 +42,7 @@ import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -346,13 +346,15 @@ class StreamClient:
         text: str | Iterable[str] | AsyncIterable[str],
         *,
         strict: bool = False,
+        on_segment: Callable[[SegmentInfo], None] | None = None,
         **overrides: Any,
     ) -> AsyncIterator[npt.NDArray[np.float32]]:
         """Speak ``text`` (a string, or pieces such as LLM tokens); yields float32 PCM.
 
         A server's refusal of a part (an ``error`` that is not fatal: a text over its
         limits, a segment it could not speak) is logged as a warning and the rest is spoken;
-        ``strict`` raises it as :class:`ServerError` instead."""
+        ``strict`` raises it as :class:`ServerError` instead. ``on_segment`` is called with
+        each segment's :class:`SegmentInfo` (after its audio: progress)."""
         async with self.session(**overrides) as s:
             s.warn_errors = not strict
             sender = asyncio.create_task(_send_all(s, text))
@@ -364,6 +366,8 @@ class StreamClient:
                         break
                     elif isinstance(ev, Error) and strict:
                         raise ServerError(ev.code, ev.message)
+                    elif isinstance(ev, SegmentInfo) and on_segment is not None:
+                        on_segment(ev)
                 await sender  # raises if sending failed
             finally:
                 if not sender.done():

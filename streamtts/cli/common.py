@@ -274,6 +274,14 @@ def stdin_piped() -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
 
 
+def time_left(done: float, total: float, elapsed: float) -> str:
+    """``, about 40 s left``: the time the rest takes at the pace so far (once some is done)."""
+    if not 0 < done < total:
+        return ""
+    left = elapsed / done * (total - done)
+    return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
+
+
 def wrote(path: str, interrupted: bool = False) -> None:
     """The result line of a command that saved audio: ``wrote F: 2.40 s``."""
     import soundfile as sf

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -88,6 +89,49 @@ async def _stdin_lines() -> AsyncIterator[str]:
         yield line
 
 
+class _Progress:
+    """On a terminal, for a long text given whole: how much of it the server has spoken,
+    by segment, and the time left at that pace (a line redrawn on stderr, gone at the end)."""
+
+    LONG = 400  # characters: below this a text is said before progress would tell anything
+
+    def __init__(self, text: object, quiet: bool) -> None:
+        self.total = len(text) if isinstance(text, str) else 0
+        self.on = bool(self.total >= self.LONG and not quiet and sys.stderr.isatty())
+        self.done = 0
+        self.segments = 0
+        self._t0 = time.monotonic()
+        self._bar: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.on:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn
+
+            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                 console=Console(stderr=True), transient=True)  # fmt: skip
+            self._bar.start()
+            self._task = self._bar.add_task(f"speaking: 0 of {self.total} characters")
+        return self
+
+    def segment(self, info: Any) -> None:
+        if self._bar is None:
+            return
+        from .common import time_left
+
+        self.segments += 1
+        self.done = min(self.total, self.done + len(info.text))
+        left = time_left(self.done, self.total, time.monotonic() - self._t0)
+        self._bar.update(
+            self._task,
+            description=f"speaking: segment {self.segments}, {self.done} of {self.total} characters{left}",
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
 async def say(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -109,16 +153,17 @@ async def say(args: argparse.Namespace) -> int:
         if args.reference:
             client.settings["voice"] = await client.upload_voice(args.reference)
         text: Any = _stdin_lines() if args.text == "-" else args.text
-        # strict: a text the server refuses is an error (exit 2 with its reason), not a
-        # warning before a short file and exit 0
-        chunks = client.stream(text, strict=True)
-        try:
-            report = await player.play(chunks, device=args.output_device, save=args.save)
-        except PlaybackError as exc:
-            if not args.save:
-                raise
-            # No sound card: the player failed before reading the stream, so save it all.
-            await save_instead(chunks, args.save, exc, args.quiet)
+        with _Progress(text, args.quiet) as progress:
+            # strict: a text the server refuses is an error (exit 2 with its reason), not a
+            # warning before a short file and exit 0
+            chunks = client.stream(text, strict=True, on_segment=progress.segment)
+            try:
+                report = await player.play(chunks, device=args.output_device, save=args.save)
+            except PlaybackError as exc:
+                if not args.save:
+                    raise
+                # No sound card: the player failed before reading the stream, so save it all.
+                await save_instead(chunks, args.save, exc, args.quiet)
     except asyncio.CancelledError:  # Ctrl-C: the file keeps what came so far
         if args.save and not args.quiet:
             wrote(args.save, interrupted=True)

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from .common import (
     speaker_arg,
     speaker_text_arg,
     stdin_piped,
+    time_left,
     wrote,
 )
 
@@ -145,6 +147,7 @@ def _codes_flags(args: argparse.Namespace) -> None:
 
 
 def _check_request(args: argparse.Namespace) -> None:
+    from .field_checks import check_fields
     from .voice_flag import resolve_voice_flag
 
     check_config(args)
@@ -176,6 +179,7 @@ def _check_request(args: argparse.Namespace) -> None:
         raise UsageError("--prefix-text is the transcript of --prefix: give --prefix FILE too")
     if args.tokens is not None and args.max_new_tokens is not None and args.tokens > args.max_new_tokens:
         raise UsageError(f"--tokens {args.tokens} is more than --max-new-tokens {args.max_new_tokens}")
+    check_fields(args)  # blank language (error); fields the member does not use (warnings)
 
 
 async def _voices(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
@@ -242,6 +246,8 @@ def _print_profile(engine: Any, stats: Any) -> None:
 
 # -- synth ---------------------------------------------------------------------------------------
 def _check_synth(args: argparse.Namespace) -> None:
+    from .field_checks import check_speaker_tags
+
     _check_text(args.text, "--text", args)
     check_output_file(args.out, "--out")
     check_output_file(args.codes_out, "--codes-out", audio=False)
@@ -249,6 +255,7 @@ def _check_synth(args: argparse.Namespace) -> None:
     check_output_file(args.rows_out, "--rows-out", audio=False)
     check_output_file(args.timestamps, "--timestamps", audio=False)
     _check_request(args)
+    check_speaker_tags(args, args.text)
 
 
 async def _synth(args: argparse.Namespace) -> int:
@@ -276,6 +283,7 @@ async def _synth(args: argparse.Namespace) -> int:
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
             transient=True, console=Console(stderr=True), disable=args.quiet or not sys.stderr.isatty(),
         )  # fmt: skip
+        t0 = time.monotonic()
         with progress as prog:
             task = prog.add_task("generating", total=None)
             async with s:
@@ -285,7 +293,11 @@ async def _synth(args: argparse.Namespace) -> int:
                     words.extend(chunk.words or [])
                     if chunk.rows is not None:
                         rows.append(chunk.rows)
-                    prog.update(task, description=f"generating: {sum(len(c) for c in codes)} frames")
+                    what = f"generating: {sum(len(c) for c in codes)} frames"
+                    if s.segments:  # long text: by segment, with the time left at this pace
+                        done, n = s.segments_done, len(s.segments)
+                        what += f", segment {min(done + 1, n)} of {n}" + time_left(done, n, time.monotonic() - t0)
+                    prog.update(task, description=what)
         wav = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
         frames = np.concatenate(codes) if codes else np.zeros((0, engine.ids.n_vq), np.int64)
         if wav.size == 0:
@@ -332,6 +344,8 @@ def _write_timestamps(path: str, words: list[Any]) -> None:
 
 # -- speak ---------------------------------------------------------------------------------------
 def _check_speak(args: argparse.Namespace) -> None:
+    from .field_checks import check_speaker_tags
+
     if args.list_devices:
         return
     if args.text is None:  # text piped in is read; else (a terminal) the sentence of --help
@@ -340,6 +354,8 @@ def _check_speak(args: argparse.Namespace) -> None:
         _check_text(args.text, "TEXT", args)
     check_output_file(args.save, "--save")
     _check_request(args)
+    if args.text != "-":
+        check_speaker_tags(args, args.text)
     args.no_device = None
     if args.save is None and args.output_device is None:
         fallback = no_device_fallback(args.quiet)
@@ -359,7 +375,10 @@ async def _speak(args: argparse.Namespace) -> int:
         return 0
     text = sys.stdin.read() if args.text == "-" else args.text
     if args.text == "-":  # read now, still before the model loads
+        from .field_checks import check_speaker_tags
+
         _check_text(text, "stdin", args)
+        check_speaker_tags(args, text)
     engine = _engine(args)
     async with engine:
         opts = _options(args, engine)

@@ -22,16 +22,6 @@ from .serve import VOICE_STORE_ENV
 __all__ = ["resolve_voice_flag", "stored_voice"]
 
 
-def _config(args: argparse.Namespace) -> Any:
-    from ..config import load_config
-
-    if args.config:
-        return load_config(args.config)
-    from ..demo.model import ensure_demo_model
-
-    return load_config(ensure_demo_model())
-
-
 def resolve_voice_flag(args: argparse.Namespace) -> None:
     """``--voice``: sets ``args.reference`` to a configured clip, or ``args.voice_store`` to
     the store to fetch it from; a name found nowhere is a UsageError listing the voices."""
@@ -43,7 +33,9 @@ def resolve_voice_flag(args: argparse.Namespace) -> None:
         return
     if args.reference or args.speaker:
         raise UsageError("--voice and --reference/--speaker: give the voice one way")
-    names = VoiceNames(_config(args).voices)
+    from .field_checks import config_of
+
+    names = VoiceNames(config_of(args).voices)
     if name in names.own:
         return  # the model's own voice: no reference
     if name in names.clips:

@@ -173,6 +173,26 @@ def language_for(form: LanguageForm, value: str | None) -> str | None:
     return code if form == "code" else LANGUAGE_NAMES[code]
 
 
+def known_language(value: str) -> bool:
+    """Whether ``value`` is a language whose code and name are known (any case)."""
+    low = value.strip().lower()
+    return low in LANGUAGE_NAMES or low in _CODES
+
+
+def close_languages(value: str) -> list[str]:
+    """The known languages ``value`` may have meant (``englsh`` -> ``English (en)``)."""
+    import difflib
+
+    low = value.strip().lower()
+    names = difflib.get_close_matches(low, list(_CODES), n=3, cutoff=0.7)
+    return [f"{LANGUAGE_NAMES[_CODES[n]]} ({_CODES[n]})" for n in names]
+
+
+def unused_fields(m: Member, given: Mapping[str, object]) -> list[str]:
+    """The fields of ``given`` (set, not None) that ``m``'s model card does not use."""
+    return [k for k, v in given.items() if v is not None and v != [] and k not in m.fields]
+
+
 # -- what a bundle's config.json says about its member ----------------------------------------------
 #
 # `streamtts convert-hf` writes two keys into the bundle's config.json besides the checkpoint's

@@ -364,8 +364,8 @@ def build_runtime(
         ),
     }
     log.info(
-        "engine ready: backbone on %s; %s heads, %d streams x %d KV cells (%.1f MiB each, "
-        "%.1f MiB total), %d threads, codec %s",
+        "engine ready: %s (%s); backbone on %s; %s heads, %d streams x %d KV cells (%.1f MiB each, "
+        "%.1f MiB total), %d threads, codec %s", fam.title, fam.kind,
         placement.line() if placement is not None else "?", info["heads"], streams, backbone.n_ctx_seq, info["kv_cache_mib_per_stream"],
         info["kv_cache_mib_total"], threads, _codec_line(worker, cfg),
     )

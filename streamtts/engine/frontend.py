@@ -101,6 +101,11 @@ class AudioStream:
         # never refused for capacity (engine/capacity.py)
         self.priority = False
 
+    @property
+    def segments_done(self) -> int:
+        """How many of ``segments`` were spoken to their end so far (0 without segments)."""
+        return self._long.done if self._long is not None else 0
+
     def __aiter__(self) -> AudioStream:
         return self
 

@@ -46,6 +46,7 @@ class LongTextStream:
         self._options = msgspec.structs.replace(options, normalize=False)
         self._events: AsyncGenerator[SegmentEvent, None] | None = None
         self._frames = 0
+        self.done = 0  # segments spoken to their end (progress: `synth` shows it)
 
     def __aiter__(self) -> LongTextStream:
         return self
@@ -65,6 +66,7 @@ class LongTextStream:
                 raise
             if isinstance(ev, SegmentDone):
                 self._merge(ev.stats)
+                self.done += 1
                 continue
             assert isinstance(ev, SegmentAudio)  # speak_segments raises a failed segment's error
             if ev.pcm.shape[0] == 0 and ev.frames == 0 and not ev.words:

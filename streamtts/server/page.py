@@ -48,6 +48,7 @@ async def info(request: Request) -> Response:
             "notice": DEMO_NOTICE if demo else None,
             "ready": bool(state.ready),
             "n_vq": int(engine_info.get("n_vq", N_VQ)),  # the model's codebooks per frame
+            "model_kind": engine_info.get("model_kind"),  # the family member loaded (core/family.py)
             # where the backbone runs, as llama.cpp reported it (model/placement.py)
             "backbone": {
                 k: engine_info[k]

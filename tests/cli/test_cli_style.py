@@ -71,6 +71,7 @@ def test_a_mistyped_config_key_is_one_warning_with_the_key_meant(typo_config: Pa
     assert [ln for ln in lines if WARNED in ln] == [f"streamtts: warning: {typo_config}: {WARNED}"], r.stderr
     assert all(ln.startswith("streamtts: ") for ln in lines), r.stderr  # -v: info lines too
     assert any(ln.startswith("streamtts: info: ") for ln in lines)
+    assert any(ln.startswith("streamtts: info: engine ready: MOSS-TTS 1.0 (moss-tts)") for ln in lines), r.stderr
 
 
 def test_lines_on_a_terminal_have_the_same_style(typo_config: Path, tmp_path: Path) -> None:
@@ -138,3 +139,54 @@ def test_build_engine_without_tensorrt_says_it_needs_an_nvidia_gpu(
     assert main(["build-engine", "--onnx", str(onnx), "--out", str(tmp_path / "x.engine")]) == 2
     err = capsys.readouterr().err
     assert "runs on an NVIDIA GPU" in err and "pip install tensorrt" in err, err
+
+
+# -- family fields, before the model loads (issue 40, item 6) -------------------------------------
+NO_ENGINE = {"STREAMTTS_BRIDGE_LIB": "/nonexistent/libstreamtts_bridge.so"}
+
+
+def _before_load(r: Any) -> list[str]:
+    """The lines said before the model would have loaded (the missing bridge fails it)."""
+    lines = r.stderr.splitlines()
+    assert "bridge library is not built" in lines[-1], r.stderr  # it got that far, no further
+    return lines[:-1]
+
+
+@pytest.mark.parametrize(
+    "flags,said",
+    [
+        (["--instruction", "Speak slowly."],
+         "streamtts: warning: --instruction: MOSS-TTS 1.0 (moss-tts) does not read this field: its model card's "
+         "fields are the text and --reference, --language"),
+        (["--language", "englsh"],
+         "streamtts: warning: --language englsh: not a language streamtts knows; sent as given (did you mean English (en)?)"),
+        (["--language", "klingon"], "streamtts: warning: --language klingon: not a language streamtts knows; sent as given (known: English (en), "),
+    ],
+    ids=["instruction", "englsh", "klingon"],
+)  # fmt: skip
+def test_a_field_the_member_does_not_read_is_a_warning_before_the_load(
+    typo_config: Path, tmp_path: Path, flags: list[str], said: str
+) -> None:
+    config = typo_config.with_name("config.yaml")
+    r = run("synth", "--config", str(config), "--text", "Hello there.", *flags, "--out", str(tmp_path / "x.wav"), env=NO_ENGINE)
+    assert r.returncode == 2
+    lines = [ln for ln in _before_load(r) if ln.startswith("streamtts: warning:") and "cores are busy" not in ln]
+    assert len(lines) == 1 and lines[0].startswith(said), r.stderr
+
+
+@pytest.mark.parametrize(
+    "flags,text,needle",
+    [
+        (["--language", ""], "Hello there.", "--language '': language is empty"),
+        (["--speaker", "S1={clip}"], "[S1] Hi. [S2] Hello.", "--speaker: the text has the speaker tag [S2] but no voice"),
+    ],
+    ids=["blank-language", "speaker-tags"],
+)
+def test_errors_that_need_no_model_come_before_it(
+    typo_config: Path, voice_wav: Path, tmp_path: Path, flags: list[str], text: str, needle: str
+) -> None:
+    config = typo_config.with_name("config.yaml")
+    flags = [f.format(clip=voice_wav) for f in flags]
+    r = run("synth", "--config", str(config), "--text", text, *flags, "--out", str(tmp_path / "x.wav"), env=NO_ENGINE)
+    assert r.returncode == 2 and "bridge" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"streamtts: error: {needle}"), r.stderr

@@ -304,3 +304,46 @@ def test_a_client_without_the_token_is_told_to_give_it(open_server: Any, client:
                         stdin=subprocess.DEVNULL)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert sf.info(str(tmp_path / "x.wav")).frames > 0
+
+
+# -- 5. progress where work is long ------------------------------------------------------------
+def on_a_terminal(*args: str) -> tuple[int, str]:
+    """Run with stderr on a pty; returns (exit status, what the terminal got)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(streamtts(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    got = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the process closed its side
+            break
+        if not chunk:
+            break
+        got += chunk
+    proc.communicate(timeout=300)
+    os.close(leader)
+    return proc.returncode, got.decode(errors="replace")
+
+
+def test_synth_shows_long_text_by_segment_with_the_time_left(config: str, tmp_path: Path) -> None:
+    import re
+
+    rc, term = on_a_terminal("synth", "--config", config, "--n-threads", "1", "--out", str(tmp_path / "l.wav"),
+                             "--text", (SENTENCES * 2)[:3500])  # fmt: skip
+    assert rc == 0, term
+    shown = re.findall(r"segment (\d+) of (\d+)(, about \d+ (?:s|min) left)?", term)
+    assert shown, term[-2000:]
+    n = {int(total) for _, total, _ in shown}
+    assert len(n) == 1 and n.pop() > 1  # one count of segments, all along
+    assert any(left for _, _, left in shown)  # the time left, once a segment was done
+
+
+def test_say_shows_a_long_text_s_progress_with_the_time_left(server: Any, tmp_path: Path) -> None:
+    import re
+
+    rc, term = on_a_terminal("say", "--server", server.http, "--save", str(tmp_path / "s.wav"), SENTENCES[:1500])
+    assert rc == 0, term
+    shown = re.findall(r"speaking: segment (\d+), (\d+) of 1500 characters(, about \d+ (?:s|min) left)?", term)
+    assert len(shown) > 1 and any(left for *_, left in shown), term[-2000:]
+    server.wait_idle()

@@ -96,6 +96,7 @@ def test_voices_and_models_list_a_server_s(server: Any, alice: str) -> None:
     assert any(ln.startswith("alloy, ash") and "aliases of default" in ln for ln in lines), r.stdout
     m = run("models", "--server", server.http)
     assert m.returncode == 0 and "moss-tts, 32 codebooks" in m.stdout, m.stderr
+    assert httpx.get(server.http + "/v1/info", timeout=30).json()["model_kind"] == "moss-tts"  # the member loaded
 
 
 @pytest.fixture(scope="module")
