@@ -187,10 +187,8 @@ async def _voices(args: argparse.Namespace, engine: Any) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     if args.reference:
         kw["reference"] = await load_voice(engine, args.reference, "--reference")
-    elif getattr(args, "voice_store", None):
-        from .voice_flag import stored_voice
-
-        kw["reference"] = await stored_voice(args)
+    elif getattr(args, "stored_voice", None) is not None:  # --voice NAME from the shared store
+        kw["reference"] = args.stored_voice
     if args.speaker:
         kw["speakers"] = {k: await load_voice(engine, p, f"--speaker {k}") for k, p in args.speaker}
     if args.speaker_text:

@@ -6,7 +6,7 @@ Where a name is looked for, before the model loads:
    reference; a name of the model's own voice (``default``, and OpenAI's names without a
    table) means no reference;
 2. the shared voice store, when ``$STREAMTTS_VOICE_STORE`` names one (``redis://...``): the
-   voice an upload gave that name (or a voice id), fetched once the engine is there;
+   voice an upload gave that name (or a voice id);
 3. else one line saying where the name was looked for and what there is instead.
 """
 
@@ -23,8 +23,9 @@ __all__ = ["resolve_voice_flag", "stored_voice"]
 
 
 def resolve_voice_flag(args: argparse.Namespace) -> None:
-    """``--voice``: sets ``args.reference`` to a configured clip, or ``args.voice_store`` to
-    the store to fetch it from; a name found nowhere is a UsageError listing the voices."""
+    """``--voice``: sets ``args.reference`` to a configured clip, or ``args.stored_voice`` to
+    the voice fetched from the shared store; a name found nowhere is a UsageError listing
+    the voices."""
     from ..server.voice_names import VoiceNames
 
     args.voice_store = None
@@ -43,7 +44,10 @@ def resolve_voice_flag(args: argparse.Namespace) -> None:
         return
     store = os.environ.get(VOICE_STORE_ENV, "memory")
     if store != "memory":
+        import asyncio
+
         args.voice_store = store
+        args.stored_voice = asyncio.run(stored_voice(args))  # before the model loads
         return
     raise UsageError(
         f"--voice {name}: no voice of that name here; there are: {names.summary()}. "

@@ -131,3 +131,23 @@ def test_synth_with_a_name_found_nowhere_says_where_it_looked(table_config: Path
     assert line.startswith("streamtts: error: --voice bob: no voice of that name here"), line
     assert "carol (the config's voices)" in line and "streamtts say --server URL --voice bob" in line
     assert "STREAMTTS_VOICE_STORE" in line
+
+
+def test_synth_takes_an_upload_s_name_from_the_shared_store(
+    serve: Any, redis_server: Any, voice_wav: Path, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """A voice uploaded to a server that keeps its voices in Redis: `synth --voice NAME` on
+    another machine sharing that store speaks in it (the same codes as the clip itself)."""
+    srv = serve("--voice-store", redis_server.url)
+    r = httpx.post(srv.http + "/v1/voices?name=dana", content=voice_wav.read_bytes(), timeout=120)
+    assert r.status_code in (200, 201), r.text
+    common = ["--config", str(demo_model_dir / "config.yaml"), "--text", "Hello there.", "--seed", "4", "--n-threads", "1"]
+    named = run("synth", *common, "--voice", "dana", "--out", str(tmp_path / "n.wav"),
+                env={"STREAMTTS_VOICE_STORE": redis_server.url})  # fmt: skip
+    clip = run("synth", *common, "--reference", str(voice_wav), "--out", str(tmp_path / "c.wav"))
+    assert named.returncode == 0 and clip.returncode == 0, (named.stderr, clip.stderr)
+    assert np.array_equal(sf.read(tmp_path / "n.wav")[0], sf.read(tmp_path / "c.wav")[0])
+    missing = run("synth", *common, "--voice", "erin", "--out", str(tmp_path / "m.wav"),
+                  env={"STREAMTTS_VOICE_STORE": redis_server.url, **NO_ENGINE})  # fmt: skip
+    assert missing.returncode == 2 and "bridge" not in missing.stderr, missing.stderr  # said before the load
+    assert missing.stderr.strip().splitlines()[-1].startswith("streamtts: error: --voice erin: the voice store")
