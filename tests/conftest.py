@@ -395,6 +395,38 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 # ============================== end of deploy section ================================
 
 
+# =====================================================================================
+# command line: a command run with its stderr on a real terminal (a pty)
+# =====================================================================================
+
+
+def on_a_terminal(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``cmd`` with stderr on a pty (stdin empty, stdout a pipe); returns (exit status,
+    what the terminal got, its escapes included)."""
+    import os
+    import pty
+    import subprocess
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower, env=env)
+    os.close(follower)
+    got = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the process closed its side
+            break
+        if not chunk:
+            break
+        got += chunk
+    proc.communicate(timeout=300)
+    os.close(leader)
+    return proc.returncode, got.decode(errors="replace").replace("\r\n", "\n")
+
+
+# ============================== end of command line section ==========================
+
+
 def random_sampling_params(rng: np.random.Generator, audio_top_k: tuple[int, ...] = (0, 1, 5, 25)) -> SamplingParams:
     """Sampling settings drawn over every path of the samplers (the state-machine tests)."""
     return SamplingParams(

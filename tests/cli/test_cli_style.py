@@ -10,7 +10,6 @@ Commands run as real ``python -m streamtts`` processes (a terminal is a real pty
 from __future__ import annotations
 
 import os
-import pty
 import re
 import subprocess
 import sys
@@ -31,24 +30,9 @@ def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> 
 
 def on_a_terminal(*args: str) -> tuple[int, str]:
     """Run with stderr on a pty (stdout a pipe); returns (exit status, what the terminal got)."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamtts", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=follower, env={**os.environ, "COLUMNS": "100"},
-    )  # fmt: skip
-    os.close(follower)
-    got = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the process closed its side
-            break
-        if not chunk:
-            break
-        got += chunk
-    proc.communicate(timeout=300)
-    os.close(leader)
-    return proc.returncode, got.decode(errors="replace").replace("\r\n", "\n")
+    from conftest import on_a_terminal as run_on_a_terminal
+
+    return run_on_a_terminal([sys.executable, "-m", "streamtts", *args], {**os.environ, "COLUMNS": "100"})
 
 
 @pytest.fixture(scope="module")

@@ -308,22 +308,9 @@ def test_a_client_without_the_token_is_told_to_give_it(open_server: Any, client:
 
 # -- 5. progress where work is long ------------------------------------------------------------
 def on_a_terminal(*args: str) -> tuple[int, str]:
-    """Run with stderr on a pty; returns (exit status, what the terminal got)."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(streamtts(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower)
-    os.close(follower)
-    got = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # EIO: the process closed its side
-            break
-        if not chunk:
-            break
-        got += chunk
-    proc.communicate(timeout=300)
-    os.close(leader)
-    return proc.returncode, got.decode(errors="replace")
+    from conftest import on_a_terminal as run_on_a_terminal
+
+    return run_on_a_terminal(streamtts(*args))
 
 
 def test_synth_shows_long_text_by_segment_with_the_time_left(config: str, tmp_path: Path) -> None:
