@@ -73,17 +73,17 @@ class VoiceNames:
         return sorted(self.own - {"default"})
 
     def summary(self, uploaded: Iterable[str] = ()) -> str:
-        """The voices there are, by kind: ``default (the model's own voice; alloy, ... are
-        its aliases); alice (the config's voices); bob (uploaded)``."""
-        aliases = self.aliases()
-        has = [f"default (the model's own voice; {', '.join(aliases)} are its aliases)"
-               if aliases else "default (the model's own voice)"]  # fmt: skip
-        if self.clips:
-            has.append(f"{', '.join(sorted(self.clips))} (the config's voices)")
+        """Every name, then what each is: ``alloy, default, echo, bob (echo: an alias of
+        default, the model's own voice; alloy: the config's voices; bob: uploaded)``."""
         uploaded = list(uploaded)
+        aliases = self.aliases()
+        kinds = [f"{', '.join(aliases)}: {'aliases' if len(aliases) > 1 else 'an alias'} of default, "
+                 "the model's own voice" if aliases else "default: the model's own voice"]  # fmt: skip
+        if self.clips:
+            kinds.append(f"{', '.join(sorted(self.clips))}: the config's voices")
         if uploaded:
-            has.append(f"{', '.join(uploaded)} (uploaded)")
-        return "; ".join(has)
+            kinds.append(f"{', '.join(uploaded)}: uploaded")
+        return f"{', '.join([*self.names, *uploaded])} ({'; '.join(kinds)})"
 
     def unknown_message(self, name: str, uploaded: Iterable[str] = ()) -> str:
         """What a request naming no voice is told: the voices there are, and how to add one."""

@@ -71,10 +71,10 @@ def test_an_unknown_voice_lists_the_voices_on_every_surface(server: Any, alice: 
     assert r.returncode == 2, r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("streamtts: error: unknown_voice: unknown voice 'bob'"), line
-    assert "alice (uploaded)" in line and "alloy" in line and "aliases" in line, line
+    assert "alice: uploaded" in line and "alloy, ash" in line and "aliases of default" in line, line
     assert "upload it again" not in line and not out.exists()  # nothing was said, no file
     http = httpx.post(server.http + "/v1/audio/speech", json={"input": "Hi.", "voice": "bob"}, timeout=60)
-    assert http.status_code == 400 and "alice (uploaded)" in http.json()["error"]["message"]
+    assert http.status_code == 400 and "alice: uploaded" in http.json()["error"]["message"]
     server.wait_idle()
 
 
@@ -129,7 +129,8 @@ def test_synth_with_a_name_found_nowhere_says_where_it_looked(table_config: Path
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     line = r.stderr.strip()
     assert line.startswith("streamtts: error: --voice bob: no voice of that name here"), line
-    assert "carol (the config's voices)" in line and "streamtts say --server URL --voice bob" in line
+    assert "carol, default (default: the model's own voice; carol: the config's voices)" in line, line
+    assert "streamtts say --server URL --voice bob" in line
     assert "STREAMTTS_VOICE_STORE" in line
 
 
