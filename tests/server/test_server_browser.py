@@ -265,3 +265,15 @@ def test_page_names_the_model_and_says_it_is_the_demo(page: Any, server: Any) ->
     assert page.is_visible("#notice") and "tones, not words" in page.inner_text("#notice")
     icon = page.request.get(server.http + "/favicon.ico")
     assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+
+
+def test_the_voice_field_offers_the_server_s_voices(page: Any, server: Any) -> None:
+    """The page lists the voices a run may name (a datalist on the voice field), the OpenAI
+    names marked as aliases of the model's own voice."""
+    page.goto(f"{server.http}/?preroll={PREROLL_S}")
+    page.wait_for_function("window.streamtts.voices > 0", timeout=30_000)
+    options = page.eval_on_selector_all("#voice-list option", "els => els.map(e => [e.value, e.label])")
+    labels = dict(options)
+    assert page.get_attribute("#voice", "list") == "voice-list"
+    assert labels["default"] == "default: the model's own voice"
+    assert labels["alloy"] == "alloy: an alias of the model's own voice"
