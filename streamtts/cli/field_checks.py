@@ -81,10 +81,17 @@ def check_speaker_tags(args: argparse.Namespace, text: str) -> None:
     """The text's [S1], [S2], ... tags and the --speaker voices match (one line if not)."""
     if not args.speaker:
         return
+    from ..config import find_model_config
+    from ..core.prompt import template
     from ..core.speakers import check_speakers
+    from ..engine.assemble import model_member
     from ..request.voices import speaker_tuple
 
+    cfg = config_of(args)
+    # the template the engine will build with (engine/prepare.py): MOSS-TTSD's lets a tag go
+    # without a voice (the model invents one)
+    tmpl = template(cfg.prompt_template or model_member(find_model_config(cfg)).template)
     try:
-        check_speakers(text, speaker_tuple(dict(args.speaker)))
+        check_speakers(text, speaker_tuple(dict(args.speaker)), voiceless=tmpl.by_position)
     except (InputError, FieldError) as exc:
         raise UsageError(f"--speaker: {exc}") from exc
