@@ -106,8 +106,8 @@ def _models(args: argparse.Namespace) -> int:
         models = fetch_json(args.server, "/v1/models", args.token)["data"]
     else:
         from ..config import find_model_config
-        from ..model.files import demo_marker
         from ..engine.assemble import model_member
+        from ..model.files import demo_marker
         from .common import load_config_or_demo
 
         cfg = load_config_or_demo(args.config)
