@@ -1,7 +1,7 @@
 """What ``synth`` and ``speak`` say about a request's fields before the model loads.
 
-Errors (exit 2, one line): a blank ``--language``; the text's speaker tags against the
-``--speaker`` voices. Warnings: a field the member loaded does not use (its model card's
+Errors (exit 2, one line): a blank ``--language``; a field the prompt template does not
+write; the text's speaker tags against the ``--speaker`` voices. Warnings: a field the member loaded does not use (its model card's
 fields, core/family.py), named with the member and the fields it does read; a language
 whose model form is unknown, with the names it may have meant. The member comes from the
 config (its model's config.json); loading the model would take many seconds per mistake.
@@ -54,7 +54,9 @@ def check_fields(args: argparse.Namespace) -> None:
         check_language(args.language)
     except FieldError as exc:
         raise UsageError(f"--language {args.language!r}: {exc}") from exc
-    m = model_member(find_model_config(config_of(args)))
+    cfg = config_of(args)
+    m = model_member(find_model_config(cfg))
+    _check_template(args, cfg, m)
     given = {f: getattr(args, f, None) for f in FLAGS}
     given["speakers"] = args.speaker or None
     unused = unused_fields(m, given)
@@ -69,6 +71,19 @@ def check_fields(args: argparse.Namespace) -> None:
         close = close_languages(args.language)
         hint = f"did you mean {' or '.join(close)}?" if close else "known: " + _known()
         log.warning("--language %s: not a language streamtts knows; sent as given (%s)", args.language, hint)
+
+
+def _check_template(args: argparse.Namespace, cfg: Any, m: Any) -> None:
+    """A field the prompt template does not write (it would be dropped): the error the
+    engine gives after the load (core/prompt.py), given before it."""
+    from ..core.prompt import template
+    from ..request.rules import check_written
+
+    tmpl = template(cfg.prompt_template or m.template)
+    try:
+        check_written(tmpl.name, tmpl.fields(), args)
+    except FieldError as exc:
+        raise UsageError(f"{FLAGS.get(exc.field, '--' + exc.field.replace('_', '-'))}: {exc}") from exc
 
 
 def _known() -> str:

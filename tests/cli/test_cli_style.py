@@ -163,8 +163,9 @@ def test_a_field_the_member_does_not_read_is_a_warning_before_the_load(
     [
         (["--language", ""], "Hello there.", "--language '': language is empty"),
         (["--speaker", "S1={clip}"], "[S1] Hi. [S2] Hello.", "--speaker: the text has the speaker tag [S2] but no voice"),
+        (["--scene", "A park."], "Hello there.", "--scene: scene: not a field of the prompt template 'moss'"),
     ],
-    ids=["blank-language", "speaker-tags"],
+    ids=["blank-language", "speaker-tags", "template-field"],
 )
 def test_errors_that_need_no_model_come_before_it(
     typo_config: Path, voice_wav: Path, tmp_path: Path, flags: list[str], text: str, needle: str
