@@ -28,6 +28,7 @@ import inspect
 import logging
 import re
 import sys
+import types
 from typing import Any, NoReturn
 
 from ..errors import StreamTTSError
@@ -185,6 +186,17 @@ def _fail(exc: StreamTTSError | OSError, verbose: int) -> int:
     print(f"streamtts: error: {text}", file=sys.stderr)
     return 2
 
+
+class _CallableModule(types.ModuleType):
+    """Importing ``streamtts.cli.main`` binds this module over the package's ``main()`` (Python
+    sets a package attribute for each submodule it imports); calling it still runs the command,
+    so ``streamtts.cli.main([...])`` works whatever was imported first."""
+
+    def __call__(self, argv: list[str] | None = None) -> int:
+        return main(argv)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -175,3 +175,17 @@ def test_errors_that_need_no_model_come_before_it(
     r = run("synth", "--config", str(config), "--text", text, *flags, "--out", str(tmp_path / "x.wav"), env=NO_ENGINE)
     assert r.returncode == 2 and "bridge" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"streamtts: error: {needle}"), r.stderr
+
+
+def test_package_main_runs_the_command_after_its_submodule_is_imported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`import streamtts.cli.main` rebinds the package's `main` to that module: still callable."""
+    import importlib
+
+    from streamtts import cli
+
+    importlib.import_module("streamtts.cli.main")
+    with pytest.raises(SystemExit) as exit_:  # argparse's --version exits
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and "streamtts" in capsys.readouterr().out
