@@ -48,6 +48,7 @@ for a in "$@"; do
     esac
 done
 
+trap 'echo "error: scripts/test_image.sh line $LINENO failed: $BASH_COMMAND" >&2' ERR
 say() { echo "==> $*"; }
 note() { echo "    $*"; }
 die() { echo "error: $*" >&2; exit 1; }
@@ -178,8 +179,8 @@ else
     prune_store
 fi
 "${B[@]}" tag "$IMAGE" localhost/streamtts:cpu
-SIZE="$("${B[@]}" images --format '{{.Size}}' "$IMAGE" | head -n1)"
-BASE_SIZE="$("${B[@]}" images --format '{{.Size}}' "$BASE" | head -n1)"
+SIZE="$("${B[@]}" images --format '{{.Size}}' "$IMAGE" | sed -n 1p)"
+BASE_SIZE="$("${B[@]}" images --format '{{.Size}}' "$BASE" | sed -n 1p)"
 note "image: $SIZE (the base: $BASE_SIZE), uncompressed"
 if [[ $ACTION == build ]]; then
     echo "$IMAGE"
