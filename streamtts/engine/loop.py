@@ -25,7 +25,6 @@ import queue
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +32,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..core.frames import FrameAssembler
 from ..core.tokens import TokenIds
-from ..errors import EngineClosedError, GenerationError, OverloadedError, QueueTimeoutError
+from ..errors import EngineClosedError, GenerationError, OverloadedError
 from ..kernels import Kernels, SpecDelayStep, SpecFramePush, SpecStepEmbed
 from ..model.tables import AudioHeads, Embedder
 from ..request import PreparedRequest
@@ -45,6 +44,7 @@ from .decoding import DecodeJob, DecodeWorker
 from .prefix_cache import PrefixCache
 from .scheduler import NO_SLOTS, Plan, Scheduler
 from .slot_table import SlotTable
+from .waiting import WaitingQueue
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +124,13 @@ class EngineCore:
         if embedder is not None:
             calls.embed = kernels.bind_step_embed(SpecStepEmbed(embedder, self._slot_buf, self.next_rows, calls.embd))
         self._empty = np.zeros((0, k), dtype=np.int64)
-        self.waiting: deque[PreparedRequest] = deque()
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="streamtts-engine", daemon=True)
         self._stopping = False
         self.ticks = 0  # engine ticks so far (prefill-only ticks included)
         # admission by measured capacity (cfg.admission == "capacity"); ticks timed either way
         self.admission = Capacity(cap, cfg.realtime_margin, cfg.first_audio_deadline_s)
-        self._by_capacity = cfg.admission == "capacity"
-        self._queued_at: dict[int, float] = {}  # rid -> when it joined the queue
+        self.waiting = WaitingQueue(cfg, self.slots, self.admission, self._reject)
         self.policy = ChunkPolicy(cfg.chunk_frames, self.slots, self.states, self.n_ctx_seq, decoder.submit_many, self.free)
 
     # -- front-end API (any thread) -------------------------------------------------------
@@ -177,7 +175,7 @@ class EngineCore:
                 if not self._drain_commands(block=idle):
                     break
                 self._admit_waiting()
-                self._expire_waiting()  # after: one that can start now does
+                self.waiting.expire()  # after: one that can start now does
                 if self.slots.active:
                     self.step()
         except BaseException:  # pragma: no cover - a bug; make it loud and fail every stream
@@ -215,82 +213,23 @@ class EngineCore:
             except queue.Empty:
                 return True
             if isinstance(cmd, Submit):
-                self._enqueue(cmd.req)
+                self.waiting.enqueue(cmd.req)
             elif isinstance(cmd, Abort):
                 self._abort(cmd.rid)
             else:
                 return False
 
-    def _enqueue(self, req: PreparedRequest) -> None:
-        """Into the queue (a session's next segment ahead of new streams); by capacity, a
-        new stream that cannot start now and would wait past its deadline is refused."""
-        cap = self.admission
-        self._queued_at[req.rid] = time.monotonic()  # its wait counts from here
-        if req.priority:
-            at = next((i for i, r in enumerate(self.waiting) if not r.priority), len(self.waiting))
-            self.waiting.insert(at, req)
-            return
-        if self._by_capacity and not self._startable():
-            err = self.refusal()
-            if err is not None:
-                cap.refused += 1
-                self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
-                del self._queued_at[req.rid]
-                return
-            cap.queued += 1
-        self.waiting.append(req)
-
-    def _startable(self) -> bool:
-        """Whether a new stream would start at once (nothing queued, a slot and capacity)."""
-        return not self.waiting and self.slots.free_slot() is not None and self.admission.admits(self.slots.active)
-
     def refusal(self) -> OverloadedError | None:
-        """By capacity: the error refusing a new stream that cannot start now and would wait
-        past its first-audio deadline; None when it may start or wait. Read by the front end
-        too, before it prepares a request (a stale answer there is checked again here)."""
-        if not self._by_capacity or self._startable():
-            return None
-        cap, ahead = self.admission, len(self.waiting)
-        if not cap.refuses(ahead):
-            return None
-        retry = cap.retry_after_s(ahead)
-        return OverloadedError(
-            f"the engine is at its measured capacity ({cap.streams()} streams in real time) and "
-            f"no slot is expected within {cap.deadline_s:g} s; retry in {retry} s",
-            retry_after_s=retry,
-        )
-
-    def _expire_waiting(self) -> None:
-        if not self.waiting:
-            return
-        now = time.monotonic()
-        limit = self.cfg.queue_timeout_s
-        # by capacity, a new stream waits only until its first-audio deadline
-        first = min(limit, self.cfg.first_audio_deadline_s) if self._by_capacity else limit
-        since = self._queued_at
-        for req in [r for r in self.waiting if now - since[r.rid] > (limit if r.priority else first)]:
-            self.waiting.remove(req)
-            del since[req.rid]
-            waited = limit if req.priority else first
-            err = QueueTimeoutError(
-                f"no stream slot became free within {waited:g} s "
-                f"({self.slots.active} streams running, capacity {self.admission.streams()})",
-                retry_after_s=self.admission.retry_after_s(len(self.waiting)),
-            )
-            self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
+        """By capacity, the error that would refuse a new stream now (read by the front end
+        too, before it prepares a request); None when it may start or wait."""
+        return self.waiting.refusal()
 
     def _admit_waiting(self) -> None:
-        while self.waiting:
-            slot = self.slots.free_slot()
-            if slot is None:
-                return
-            if self._by_capacity and not self.admission.admits(self.slots.active):
-                return
-            req = self.waiting.popleft()
-            self._queued_at.pop(req.rid, None)
-            if not req.sink.cancelled:
-                self.admission.admitted += 1
-                self.admit(slot, req)
+        for slot, req in self.waiting.admissible():
+            self.admit(slot, req)
+
+    def _reject(self, req: PreparedRequest, err: BaseException) -> None:
+        self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
 
     # -- a slot's lifecycle: admit and free reach every per-slot structure -------------------
     def admit(self, slot: int, req: PreparedRequest) -> None:
@@ -326,7 +265,7 @@ class EngineCore:
             log.exception("could not free KV cache of slot %d", slot)
         s = self.slots.release(slot)
         self.scheduler.released(slot)
-        if s is not None and not (self.waiting and self.waiting[0].priority):
+        if s is not None and not self.waiting.next_is_priority:
             # a slot a new stream can have (a session's next segment waiting takes it first):
             # the rate of these is what a new stream's wait is estimated from
             self.admission.finished()
@@ -341,20 +280,13 @@ class EngineCore:
             s.req.stats.finish_reason = "cancelled"
             self.free(slot, DecodeJob(rid, s.req.sink, self._empty, 0, 0, drop=True))
             return
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
-                self._queued_at.pop(rid, None)
-                return
+        self.waiting.remove(rid)
 
     def _fail_all(self, err: BaseException) -> None:
         for i, s in enumerate(self.slots.streams):
             if s is not None:
                 self.free(i, DecodeJob(s.req.rid, s.req.sink, self._empty, 0, 0, error=err))
-        while self.waiting:
-            req = self.waiting.popleft()
-            self.decoder.submit(DecodeJob(req.rid, req.sink, self._empty, 0, 0, error=err))
-        self._queued_at.clear()
+        self.waiting.fail_all(err)
 
     def _fail_slots(self, slots: np.ndarray | list[int], what: str, exc: BaseException) -> None:
         for slot in np.asarray(slots).tolist():

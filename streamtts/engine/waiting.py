@@ -1,0 +1,137 @@
+"""WaitingQueue: requests waiting for a stream slot, and admission by measured capacity.
+
+A session's next segment waits ahead of new streams and is never refused for capacity. With
+``admission: capacity`` a new stream that cannot start at once waits only while its first
+audio can still come within ``first_audio_deadline_s``; otherwise it is refused when it
+arrives (:meth:`WaitingQueue.refusal`) or when its wait runs out (:meth:`WaitingQueue.expire`).
+Engine-thread only, but :meth:`refusal` (a read) is also asked by the front end before it
+prepares a request; the engine asks again when the request arrives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from ..config import EngineConfig
+from ..errors import OverloadedError, QueueTimeoutError
+from ..request import PreparedRequest
+from .capacity import Capacity
+from .slot_table import SlotTable
+
+__all__ = ["WaitingQueue"]
+
+
+class WaitingQueue:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        slots: SlotTable,
+        admission: Capacity,
+        reject: Callable[[PreparedRequest, BaseException], None],
+    ) -> None:
+        self.cfg = cfg
+        self.slots = slots
+        self.admission = admission
+        self.by_capacity = cfg.admission == "capacity"
+        self._reject = reject  # ends a request that will not start, with its error
+        self.requests: deque[PreparedRequest] = deque()
+        self._queued_at: dict[int, float] = {}  # rid -> when it joined the queue
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def next_is_priority(self) -> bool:
+        """Whether a session's next segment is first in line (it takes the next free slot)."""
+        return bool(self.requests) and self.requests[0].priority
+
+    def enqueue(self, req: PreparedRequest) -> None:
+        """Into the queue (a session's next segment ahead of new streams); by capacity, a
+        new stream that cannot start now and would wait past its deadline is refused."""
+        self._queued_at[req.rid] = time.monotonic()  # its wait counts from here
+        if req.priority:
+            at = next((i for i, r in enumerate(self.requests) if not r.priority), len(self.requests))
+            self.requests.insert(at, req)
+            return
+        if self.by_capacity and not self._startable():
+            err = self.refusal()
+            if err is not None:
+                self.admission.refused += 1
+                del self._queued_at[req.rid]
+                self._reject(req, err)
+                return
+            self.admission.queued += 1
+        self.requests.append(req)
+
+    def _startable(self) -> bool:
+        """Whether a new stream would start at once (nothing queued, a slot and capacity)."""
+        return (
+            not self.requests
+            and self.slots.free_slot() is not None
+            and self.admission.admits(self.slots.active)
+        )
+
+    def refusal(self) -> OverloadedError | None:
+        """By capacity: the error refusing a new stream that cannot start now and would wait
+        past its first-audio deadline; None when it may start or wait."""
+        if not self.by_capacity or self._startable():
+            return None
+        cap, ahead = self.admission, len(self.requests)
+        if not cap.refuses(ahead):
+            return None
+        retry = cap.retry_after_s(ahead)
+        return OverloadedError(
+            f"the engine is at its measured capacity ({cap.streams()} streams in real time) and "
+            f"no slot is expected within {cap.deadline_s:g} s; retry in {retry} s",
+            retry_after_s=retry,
+        )
+
+    def expire(self) -> None:
+        """End the requests that waited too long: a new stream (by capacity) past its
+        first-audio deadline, any request past ``queue_timeout_s``."""
+        if not self.requests:
+            return
+        now = time.monotonic()
+        limit = self.cfg.queue_timeout_s
+        first = min(limit, self.cfg.first_audio_deadline_s) if self.by_capacity else limit
+        since = self._queued_at
+        for req in [r for r in self.requests if now - since[r.rid] > (limit if r.priority else first)]:
+            self.requests.remove(req)
+            del since[req.rid]
+            waited = limit if req.priority else first
+            self._reject(req, QueueTimeoutError(
+                f"no stream slot became free within {waited:g} s "
+                f"({self.slots.active} streams running, capacity {self.admission.streams()})",
+                retry_after_s=self.admission.retry_after_s(len(self.requests)),
+            ))  # fmt: skip
+
+    def admissible(self) -> Iterator[tuple[int, PreparedRequest]]:
+        """(free slot, request) while both a slot and (by capacity) room are there; requests
+        cancelled while they waited are dropped. The caller admits each before the next."""
+        while self.requests:
+            slot = self.slots.free_slot()
+            if slot is None:
+                return
+            if self.by_capacity and not self.admission.admits(self.slots.active):
+                return
+            req = self.requests.popleft()
+            self._queued_at.pop(req.rid, None)
+            if not req.sink.cancelled:
+                self.admission.admitted += 1
+                yield slot, req
+
+    def remove(self, rid: int) -> bool:
+        """Take request ``rid`` out of the queue (aborted while it waited)."""
+        for req in self.requests:
+            if req.rid == rid:
+                self.requests.remove(req)
+                self._queued_at.pop(rid, None)
+                return True
+        return False
+
+    def fail_all(self, err: BaseException) -> None:
+        while self.requests:
+            self._reject(self.requests.popleft(), err)
+        self._queued_at.clear()
