@@ -100,13 +100,14 @@ def check_speaker_tags(args: argparse.Namespace, text: str) -> None:
     from ..core.prompt import template
     from ..core.speakers import check_speakers
     from ..engine.assemble import model_member
-    from ..request.voices import speaker_tuple
+    from ..request.voices import speaker_tuple, tagged_text
 
     cfg = config_of(args)
     # the template the engine will build with (engine/prepare.py): MOSS-TTSD's lets a tag go
     # without a voice (the model invents one)
     tmpl = template(cfg.prompt_template or model_member(find_model_config(cfg)).template)
     try:
-        check_speakers(text, speaker_tuple(dict(args.speaker)), voiceless=tmpl.by_position)
+        said = tagged_text(text, dict(getattr(args, "speaker_text", None) or ()), getattr(args, "prefix_text", None))
+        check_speakers(said, speaker_tuple(dict(args.speaker)), voiceless=tmpl.by_position)
     except (InputError, FieldError) as exc:
         raise UsageError(f"--speaker: {exc}") from exc

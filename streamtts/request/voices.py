@@ -25,7 +25,7 @@ from typing import Generic, TypeVar
 from ..constants import MAX_SPEAKERS
 from ..errors import FieldError
 
-__all__ = ["SegmentSpeakers", "VoiceRequest", "check_speaker_texts", "speaker_number", "speaker_tuple"]
+__all__ = ["SegmentSpeakers", "VoiceRequest", "check_speaker_texts", "speaker_number", "speaker_tuple", "tagged_text"]
 
 _KEY = re.compile(r"^\[?[Ss](\d+)\]?$")
 
@@ -55,6 +55,14 @@ def speaker_tuple(speakers: Mapping[str, T]) -> tuple[T | None, ...]:
     if not by_number:
         return ()
     return tuple(by_number.get(i) for i in range(1, max(by_number) + 1))
+
+
+def tagged_text(text: str, speaker_texts: Mapping[str, str] | None = None, prefix_text: str | None = None) -> str:
+    """All the text a dialogue's speaker tags are checked against: the speakers' own
+    transcripts (continued clips), a prefix's transcript, then the new text. A voice whose
+    speaker talks only in its continued clip is still that speaker's voice."""
+    said = "".join(f"[S{speaker_number(k)}]{t}" for k, t in (speaker_texts or {}).items())
+    return f"{said}{prefix_text or ''} {text}"
 
 
 def check_speaker_texts(texts: Mapping[str, str], speakers: Mapping[str, object] | None, prefix: object, prefix_text: object) -> dict[int, str]:

@@ -49,7 +49,7 @@ from ..engine.segmented import (
 )
 from ..errors import FieldError, InputError, OverloadedError, VoiceStoreUnavailableError
 from ..request import GenerationFields, StreamOptions, Voice, WordTime
-from ..request.voices import check_speaker_texts, speaker_number, speaker_tuple
+from ..request.voices import check_speaker_texts, speaker_number, speaker_tuple, tagged_text
 from ..text.segmenter import Segmenter, SegmenterConfig
 from ..timing.modes import check_timestamps
 from .app_state import ServerState
@@ -358,9 +358,8 @@ async def _voice_fields(
             )  # fmt: skip
     if speakers:
         try:
-            said = "".join(f"[S{speaker_number(k)}]{t}" for k, t in (req.speaker_texts or {}).items())
             check_speakers(
-                f"{said}{req.prefix_text or ''} {req.input}", speaker_tuple(speakers),
+                tagged_text(req.input, req.speaker_texts, req.prefix_text), speaker_tuple(speakers),
                 voiceless=state.engine.prompt_template.by_position,
             )  # fmt: skip
         except InputError as exc:
