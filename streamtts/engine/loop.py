@@ -32,7 +32,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..core.frames import FrameAssembler
 from ..core.tokens import TokenIds
-from ..errors import EngineClosedError, GenerationError, OverloadedError
+from ..errors import EngineClosedError, GenerationError, NonFiniteLogitsError, OverloadedError
 from ..kernels import Kernels, SpecDelayStep, SpecFramePush, SpecStepEmbed
 from ..model.tables import AudioHeads, Embedder
 from ..request import PreparedRequest
@@ -41,6 +41,7 @@ from .capacity import Capacity
 from .chunk_policy import ChunkPolicy
 from .commands import Abort, Command, Stop, Submit
 from .decoding import DecodeJob, DecodeWorker
+from .non_finite import NonFiniteGuard
 from .prefix_cache import PrefixCache
 from .scheduler import NO_SLOTS, Plan, Scheduler
 from .slot_table import SlotTable
@@ -117,6 +118,7 @@ class EngineCore:
         # A step with no prompt piece reads its logits where the backbone left them (fused
         # heads: 17 MB a tick at 128 streams not copied); a plain bool, so a test can turn it off.
         self.lend_logits = self.audio_in_place and self._step.reads_lent
+        self._guard = NonFiniteGuard(self._step, 2 * cap)
         self._lent = 0  # the address the delay step reads from, 0: self.logits
         self.lent_steps = 0  # steps that read lent rows (a plain int, for tests and --profile)
         self._push = kernels.bind_frame_push(SpecFramePush(self.assembler, self._slot_buf, self._out[:, 1:]))
@@ -343,9 +345,14 @@ class EngineCore:
         slots = result.slots
         b = slots.size
         t3 = time.perf_counter()
+        bad = self._guard.neutralise(b)
         self._force_fixed(slots, b)
         self._slot_buf[:b] = slots  # the kernels read the step's slots from here
         self._step(0, b)
+        if bad is not None:  # rare: those streams end, the others' rows go on
+            self._fail_slots(slots[bad], "generation step failed", NonFiniteLogitsError(slots[bad], "slots"))
+            b = NonFiniteGuard.drop(self._slot_buf, self._out, b, bad)
+            slots = self._slot_buf[:b].copy()
         out = self._out[:b]
         t4 = time.perf_counter()
         self.slots.steps[slots] += 1

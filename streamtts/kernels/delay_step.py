@@ -156,6 +156,14 @@ class DelayStepTwin:
             self._lent_pairs[self._lent] = view
         return view[:rows]
 
+    def audio_logits(self, rows: int) -> np.ndarray:
+        if not self._lent or not rows:
+            return self.spec.audio[:rows]
+        k, a = self.spec.audio.shape[1:]  # lent rows: as pair_logits, at the audio's offset
+        floats = ((rows - 1) * self._row + 4 * k * a) // 4
+        flat = np.ctypeslib.as_array((ctypes.c_float * floats).from_address(self._lent + self._audio_off))
+        return np.lib.stride_tricks.as_strided(flat, (rows, k, a), (self._row, 4 * a, 4))
+
     def _hand_back(self, lo: int, hi: int) -> None:
         """Rows ``[lo, hi)`` to the spec, which reads the bound buffers: lent rows copied there first."""
         if self._lent:

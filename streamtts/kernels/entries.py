@@ -38,6 +38,10 @@ class DelayStep(Protocol):
         """The first ``rows`` rows (rows, 2) of the pair logits the next step reads, writable."""
         ...
 
+    def audio_logits(self, rows: int) -> np.ndarray:
+        """The first ``rows`` rows (rows, K, A) of the audio logits the next step reads, writable."""
+        ...
+
 
 class FramePush(Protocol):
     """``FrameAssembler.push`` on bound buffers: row b of the rows goes to slot ``slots[b]``

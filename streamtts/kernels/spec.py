@@ -43,6 +43,9 @@ class SpecDelayStep:
     def pair_logits(self, rows: int) -> np.ndarray:
         return self.pair[:rows]
 
+    def audio_logits(self, rows: int) -> np.ndarray:
+        return self.audio[:rows]
+
     def __call__(self, lo: int, hi: int) -> None:
         check_range(lo, hi, self.slots.shape[0])
         full = self.full_text if lo == 0 else (lambda b: self.full_text(lo + b))
