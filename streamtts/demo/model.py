@@ -76,6 +76,8 @@ import numpy as np
 
 from ..constants import N_VQ
 from ..convert.qwen3_gguf import Qwen3Shape
+from ..core.family import KIND_KEY, Member
+from ..core.family import member as family_member
 from ..core.tokens import TokenIds
 from ..model.files import MARKER
 from ..paths import cache_dir, quiet_gguf
@@ -368,8 +370,9 @@ n_ctx: 4096
 n_batch: 512
 n_threads: 0          # 0 = the physical cores other processes leave idle
 n_gpu_layers: 0
-max_new_tokens: 1024
-
+max_new_tokens: {max_new_tokens}
+"""
+_SAMPLING_YAML = """
 text_temperature: 1.5
 text_top_p: 1.0
 text_top_k: 50
@@ -378,6 +381,25 @@ audio_top_p: 0.8
 audio_top_k: 25
 audio_repetition_penalty: 1.0
 """
+
+
+def _member(kind: str | None, n_vq: int | None) -> Member | None:
+    """The member a demo stands in for (None: none); ``n_vq``, if given too, must be its."""
+    if kind is None:
+        return None
+    m = family_member(kind)
+    if n_vq is not None and n_vq != m.n_vq:
+        raise ValueError(f"demo n_vq {n_vq}: {m.title} has {m.n_vq} codebooks")
+    return m
+
+
+def _config_yaml(preset: str, seed: int, m: Member | None) -> str:
+    """The demo's config.yaml: a member's demo leaves sampling to its model_kind (config.json)."""
+    head = _CONFIG_YAML.format(preset=preset, seed=seed, gguf=GGUF_NAME,
+                               max_new_tokens=1024 if m is None else m.max_new_tokens)  # fmt: skip
+    if m is not None:
+        return head.replace("synthetic demo model", f"synthetic {m.title} demo model", 1)
+    return head + _SAMPLING_YAML
 
 
 CODECS = ("tones", "real")
@@ -390,7 +412,8 @@ def write_demo_model(
     *,
     behaviour: DemoBehaviour | None = None,
     codec: str = "tones",
-    n_vq: int = N_VQ,
+    n_vq: int | None = None,
+    member: str | None = None,
 ) -> Path:
     """Write a demo model into ``dir`` (created if needed); returns ``dir/config.yaml``.
 
@@ -401,8 +424,15 @@ def write_demo_model(
     ``n_vq``: codebooks per frame (tables, heads, config.json, the decoders; 16 as the TTSD,
     VoiceGenerator and SoundEffect members). The encoder keeps the codec's 32 levels, as the
     published one: the engine keeps the first n_vq.
+    ``member``: the family member it stands in for (``core.family.MEMBERS``): its codebooks,
+    its ``model_kind`` in config.json (so its template, presets and normaliser, as a converted
+    bundle of that member gets them) and its ``max_new_tokens``; the config.yaml then sets no
+    sampling keys of its own. None: the flagship's layout with the demo's own config.
     """
     from .gguf_writer import write_qwen3_gguf
+
+    m = _member(member, n_vq)
+    n_vq = m.n_vq if m is not None else (N_VQ if n_vq is None else n_vq)
 
     if preset not in PRESETS:
         raise ValueError(f"unknown demo preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -434,11 +464,13 @@ def write_demo_model(
             w.layers,
             output=w.lm_head_text.astype(np.float16),
             token_embd=None,
-            dtype=p.dtype,
+            # a member whose activations overflow float16 is refused in F16 (as its bundle would be)
+            dtype="bf16" if m is not None and m.f16_overflows and p.dtype == "f16" else p.dtype,
         )
-    (gg / "config.json").write_text(
-        json.dumps(_model_config(p, ids), indent=2) + "\n", encoding="utf-8"
-    )
+    model_cfg = _model_config(p, ids)
+    if m is not None:
+        model_cfg[KIND_KEY] = m.kind
+    (gg / "config.json").write_text(json.dumps(model_cfg, indent=2) + "\n", encoding="utf-8")
     write_codec(root / "MOSS-Audio-Tokenizer-ONNX", n_vq=n_vq)
     if codec == "real":  # the real decoder architecture replaces the tone decoder
         from .real_codec import CHECKPOINT_DIR, write_real_codec
@@ -447,9 +479,7 @@ def write_demo_model(
             root / "MOSS-Audio-Tokenizer-ONNX", root / CHECKPOINT_DIR, seed=seed, n_vq=n_vq
         )
     cfg_path = root / "config.yaml"
-    cfg_path.write_text(
-        _CONFIG_YAML.format(preset=p.name, seed=seed, gguf=GGUF_NAME), encoding="utf-8"
-    )
+    cfg_path.write_text(_config_yaml(p.name, seed, m), encoding="utf-8")
     marker = {
         "version": DEMO_MODEL_VERSION,
         "preset": asdict(p),
@@ -457,6 +487,7 @@ def write_demo_model(
         "behaviour": asdict(b),
         "codec": codec,
         "n_vq": n_vq,
+        "member": m.kind if m is not None else None,
         "codec_builder": _codec_builder(),
         "f_star": b.f_star,
         "final_rms": w.final_rms,
@@ -532,12 +563,13 @@ def ensure_demo_model(cache_dir: str | Path | None = None) -> Path:
 
 
 def demo_model_main(
-    dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones", n_vq: int = N_VQ
+    dir: str | Path, preset: str = "tiny", seed: int = 0, codec: str = "tones", n_vq: int | None = None,
+    member: str | None = None,
 ) -> Path:
     """``streamtts demo-model DIR [--preset tiny|mid|deep] [--seed N] [--codec tones|real]
-    [--n-vq N]``."""
+    [--n-vq N] [--member KIND]``."""
     t0 = time.perf_counter()
-    cfg = write_demo_model(dir, preset, seed, codec=codec, n_vq=n_vq)
+    cfg = write_demo_model(dir, preset, seed, codec=codec, n_vq=n_vq, member=member)
     size = sum(f.stat().st_size for f in Path(dir).rglob("*") if f.is_file())
     log.info(
         "wrote the %s demo model (seed %d, %.0f MB) in %.1f s; use it with: streamtts synth --config %s",

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -493,3 +494,50 @@ def test_a_16_codebook_demo_bundle_synthesises(tmp_path: Path, codec: str) -> No
 def test_demo_n_vq_out_of_range_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="demo n_vq must be an integer in 3..32"):
         demo.write_demo_model(tmp_path / "x", n_vq=33)
+
+
+# -- a demo per family member ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["moss-tts-v1.5", "moss-ttsd", "moss-voice-generator", "moss-sound-effect"])
+def test_a_member_demo_is_served_as_that_member(tmp_path: Path, kind: str) -> None:
+    """``demo-model DIR --member KIND``: the member's codebooks, its model_kind in config.json
+    and no sampling keys in config.yaml, so the engine serves it with the member's template,
+    presets and max_new_tokens, as it serves a converted bundle of that member."""
+    import asyncio
+
+    from streamtts.cli.main import main
+    from streamtts.core.family import MEMBERS
+    from streamtts.engine import Engine
+
+    m = MEMBERS[kind]
+    d = tmp_path / kind
+    assert main(["demo-model", str(d), "--member", kind]) == 0
+    cfg_json = json.loads((d / GG / "config.json").read_text())
+    assert cfg_json["model_kind"] == kind and cfg_json["n_vq"] == m.n_vq
+    assert json.loads((d / demo.MARKER).read_text())["member"] == kind
+    assert "temperature" not in (d / "config.yaml").read_text()
+    assert len(list((d / GG / "lm_heads").glob("lm_head_audio_*.npy"))) == m.n_vq
+
+    async def run() -> tuple[Any, dict[str, Any], str, int]:
+        eng = Engine.from_config(d / "config.yaml", n_threads=1, max_streams=1, warmup=False)
+        async with eng:
+            samples = 0
+            async for chunk in eng.stream("[S1] Hello there." if kind == "moss-ttsd" else "Hello there."):
+                samples += chunk.pcm.shape[0]
+            return eng.config, eng.info, eng.prompt_template.name, samples
+
+    cfg, info, template, samples = asyncio.run(run())
+    assert {k: getattr(cfg, k) for k in m.sampling_defaults()} == m.sampling_defaults()
+    assert cfg.max_new_tokens == m.max_new_tokens
+    assert info["model_kind"] == kind and info["n_vq"] == m.n_vq and template == m.template
+    assert samples > 0
+
+
+def test_a_member_demo_refuses_another_codebook_count(tmp_path: Path) -> None:
+    from streamtts.cli.main import main
+
+    with pytest.raises(ValueError, match="MOSS-TTSD-v1.0 has 16 codebooks"):
+        demo.write_demo_model(tmp_path / "x", member="moss-ttsd", n_vq=32)
+    assert main(["demo-model", str(tmp_path / "y"), "--member", "moss-ttsd", "--n-vq", "32"]) == 2
+    assert not (tmp_path / "y").exists()
