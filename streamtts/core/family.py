@@ -21,14 +21,20 @@ from .tokens import read_model_config
 
 ModelKind = Literal["moss-tts", "moss-tts-v1.5", "moss-ttsd", "moss-voice-generator", "moss-sound-effect"]
 LanguageForm = Literal["code", "name", "as-given"]
-# the text normaliser a member's own code applies when normalisation is on: the GitHub
-# processor's (v1.5's robustness normaliser, text/normalize.py) or MOSS-TTSD's (text/ttsd.py)
-Normalizer = Literal["moss", "ttsd"]
+# the normaliser a member's own code applies when normalisation is on: the GitHub processor's
+# (v1.5's robustness normaliser, text/normalize.py, on the text), MOSS-TTSD's (text/ttsd.py, on
+# the text) or MOSS-VoiceGenerator's (text/voicegen.py: one for the text, one for the instruction)
+Normalizer = Literal["moss", "ttsd", "voicegen"]
 
 # The GitHub MossTTSDelayModel.generate()'s text channel (OpenMOSS/MOSS-TTS
 # moss_tts_delay/modeling_moss_tts.py): every member served with the GitHub code uses it.
 _GITHUB_TEXT = (1.5, 1.0, 50)
 GITHUB_SOURCE = "OpenMOSS/MOSS-TTS moss_tts_delay/ (processing_moss_tts.py, modeling_moss_tts.py)"
+VOICEGEN_SOURCE = (
+    "GitHub template and generate(); normalisers: MOSS-VoiceGenerator's own processing_moss_tts.py "
+    "(normalize_inputs=True) as ported by Blaizzy/mlx-audio mlx_audio/tts/models/moss_tts/processor.py "
+    "(unverified against the checkpoint's file, which could not be read)"
+)
 TTSD_SOURCE = (
     "MOSS-TTSD-v1.0's own processing_moss_tts.py and modeling_moss_tts.py (byte copy: "
     "diodiogod/TTS-Audio-Suite engines/moss_tts/impl/ttsd/) and OpenMOSS/MOSS-TTSD generation_utils.py"
@@ -97,8 +103,10 @@ MEMBERS: dict[str, Member] = {
                1.1, 0.9, 50, 1.1, "as-given", ("text", "speakers", "prefix"),
                template="moss-ttsd", text_preset=(1.1, 0.9, 50), normalizer="ttsd",
                reads_generation_config=True, max_new_tokens=1000, source=TTSD_SOURCE, f16_overflows=True),
+        # its own processor: the GitHub template; its own normalisers of the text and the instruction
         Member("moss-voice-generator", "MOSS-VoiceGenerator", "OpenMOSS-Team/MOSS-VoiceGenerator", 16,
-               "Qwen3-1.7B", 1.5, 0.6, 50, 1.1, "as-given", ("text", "instruction"), f16_overflows=True),
+               "Qwen3-1.7B", 1.5, 0.6, 50, 1.1, "as-given", ("text", "instruction"), normalizer="voicegen",
+               source=VOICEGEN_SOURCE, f16_overflows=True),
         # its own processor: the GitHub template, a duration of 125 frames (10 s) when none is given
         Member("moss-sound-effect", "MOSS-SoundEffect", "OpenMOSS-Team/MOSS-SoundEffect", 16, "Qwen3-8B",
                1.5, 0.6, 50, 1.2, "as-given", ("ambient_sound", "sound_event", "tokens"),

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 from ..config import EngineConfig, SamplingParams, load_config
@@ -171,8 +172,10 @@ class AudioStream:
             from .long_text import LongTextStream
 
             self.segments = req.segments
+            # the segments' requests normalise nothing again: the instruction goes as prepared
+            options = msgspec.structs.replace(self._options, instruction=req.instruction)
             self._long = LongTextStream(
-                engine, req.segments, req.voice, self._options, stats=self.stats,
+                engine, req.segments, req.voice, options, stats=self.stats,
                 speakers=req.speakers, prefix=req.prefix,
             )  # fmt: skip
             return

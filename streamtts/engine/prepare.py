@@ -46,6 +46,8 @@ from ..request.voices import SegmentSpeakers, check_speaker_texts, speaker_numbe
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
 from ..text.ttsd import merge_speaker_turns, normalize_ttsd, prefixed_text
+from ..text.voicegen import normalize_instruction as voicegen_instruction
+from ..text.voicegen import normalize_text as voicegen_text
 from .prefix_cache import prefix_key
 
 log = logging.getLogger(__name__)
@@ -58,13 +60,15 @@ class LongText:
 
     The segments are cut from the text as it is to be spoken (normalised, when
     normalisation is on, the prefix's transcript included): their own requests must not
-    normalise them again, nor prepend the transcript.
+    normalise them again, nor prepend the transcript. ``instruction``: the request's, as each
+    segment's prompt is to write it (normalised already, when the member normalises it).
     """
 
     segments: list[str]
     voice: Voice | None
     speakers: dict[str, Voice] | None = None
     prefix: Voice | None = None
+    instruction: str | None = None
 
 
 def join_prefix_text(prefix_text: str, text: str) -> str:
@@ -99,7 +103,17 @@ class Preparer:
 
     def normalize(self, text: str) -> str:
         """``text`` through the member's own normaliser (core/family.py ``normalizer``)."""
-        return normalize_ttsd(text) if self.member.normalizer == "ttsd" else normalize_text(text)
+        kind = self.member.normalizer
+        if kind == "ttsd":
+            return normalize_ttsd(text)
+        return voicegen_text(text) if kind == "voicegen" else normalize_text(text)
+
+    def normalize_instruction(self, instruction: str | None) -> str | None:
+        """The instruction as the member's own processor writes it when normalisation is on:
+        MOSS-VoiceGenerator's through its ``normalize_instruction``; the others' as given."""
+        if instruction is None or self.member.normalizer != "voicegen":
+            return instruction
+        return voicegen_instruction(instruction)
 
     # -- reference voices -----------------------------------------------------------------
     def encoder(self) -> AudioEncoder:
@@ -265,7 +279,8 @@ class Preparer:
         refs = self._references(cast)
         start = self.voice_for(prefix, "prefix")
         ref = None if voice is None else voice.codes
-        fields = {f: getattr(options, f) for f in PROMPT_FIELDS} | {"language": language}
+        instruction = self.normalize_instruction(options.instruction) if normalize else options.instruction
+        fields = {f: getattr(options, f) for f in PROMPT_FIELDS} | {"language": language, "instruction": instruction}
         spec = PromptSpec(
             text=None if sound_only else clean,
             reference_codes=ref,
@@ -279,7 +294,7 @@ class Preparer:
         if not sound_only and not self._fits_one_generation(built.text_rows, ref_rows):
             segments = split_text(clean)
             if len(segments) > 1:  # one segment that doesn't fit: PromptTooLongError below says so
-                return LongText(segments, voice, cast or None, start)
+                return LongText(segments, voice, cast or None, start, instruction)
         prompt, n_prefix = built.rows, built.prefix_rows
         if n_prefix < self.MIN_PREFIX_ROWS:
             n_prefix = 0
