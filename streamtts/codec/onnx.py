@@ -23,6 +23,7 @@ import numpy as np
 
 from ..constants import AUDIO_VOCAB, FRAME_SAMPLES, N_VQ
 from ..errors import CodecError, ConfigError, ModelFileError
+from .sessions import shared_session
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import EngineConfig
@@ -138,10 +139,11 @@ class _OnnxSession:
                     "codec %s: use_gpu_audio is set but ONNX Runtime has no CUDA provider; using CPU",
                     what,
                 )
-        try:
-            self.session = ort.InferenceSession(
-                str(self.path), sess_options=opts, providers=providers
-            )
+        try:  # one session per graph in the process (codec/sessions.py)
+            self.session = shared_session(
+                self.path, (threads, repr(providers)),
+                lambda: ort.InferenceSession(str(self.path), sess_options=opts, providers=providers),
+            )  # fmt: skip
         except Exception as exc:  # ORT raises its own exception types for bad files
             raise ModelFileError(
                 self.path, expected, f"ONNX Runtime cannot load it: {exc}"

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import CodecError, ConfigError, ModelFileError
 from .onnx import _import_ort
+from .sessions import shared_session
 from .slot_decoder import STATEFUL_INPUTS, SlotDecoder, StageState, check_build_meta, rebuild_hint
 from .stamp import BUILDER_VERSION, KEY_STAMP, KEY_WEIGHTS
 
@@ -94,10 +95,11 @@ class StreamingDecoder(SlotDecoder):
                     "pip install onnxruntime-gpu (matching your CUDA), or run it on the CPU"
                 )
             providers = [("CUDAExecutionProvider", {"device_id": device_id}), *providers]
-        try:
-            self._sess = ort.InferenceSession(
-                str(self.path), sess_options=opts, providers=providers
-            )
+        try:  # one session per graph in the process (codec/sessions.py)
+            self._sess = shared_session(
+                self.path, (threads, repr(providers)),
+                lambda: ort.InferenceSession(str(self.path), sess_options=opts, providers=providers),
+            )  # fmt: skip
         except Exception as exc:
             raise ModelFileError(
                 self.path, _EXPECTED, f"ONNX Runtime cannot load it: {exc}"

@@ -415,3 +415,28 @@ def test_gpu_decoder_matches_cpu(codec_dir: Path) -> None:
     assert gpu.provider == "CUDAExecutionProvider"
     c = _codes(0, 3, 20)
     assert np.abs(gpu.decode(c) - cpu.decode(c)).max() <= 1e-4
+
+
+def test_decoders_of_one_graph_share_its_session_until_the_last_goes(codec_dir: Path) -> None:
+    """Engines in one process (a server's several members) that load the same codec graph
+    hold one ONNX Runtime session (codec/sessions.py): its weights once in memory. A 16-level
+    member uses the 32-level graph's first 16 (as above); other threads make another session.
+    When the last holder goes, so does the session (a model unloaded when idle frees it)."""
+    import gc
+
+    from streamtts.codec.sessions import shared_sessions
+
+    a = OnnxDecoder(codec_dir / "decoder.onnx", n_vq=32, threads=3)
+    b = OnnxDecoder(codec_dir / "decoder.onnx", n_vq=16, threads=3)
+    c = OnnxDecoder(codec_dir / "decoder.onnx", n_vq=32, threads=2)
+    assert a._s.session is b._s.session and c._s.session is not a._s.session
+    codes = _codes(5, 1, 4)
+    np.testing.assert_array_equal(a.decode(codes), c.decode(codes))
+    alive = shared_sessions()
+    del a
+    gc.collect()
+    assert shared_sessions() == alive  # b still holds it
+    del b
+    gc.collect()
+    assert shared_sessions() == alive - 1
+    del c
