@@ -282,6 +282,7 @@ class StreamClient:
         max_new_tokens: int | None = None,
         timestamps: str | None = None,
         open_timeout: float = 10.0,
+        model: str | None = None,
     ) -> None:
         self.url = stream_url(server)
         self.token = token
@@ -299,6 +300,7 @@ class StreamClient:
             "clause_min_chars": clause_min_chars,
             "max_new_tokens": max_new_tokens,
             "timestamps": timestamps,  # "words" | "chars": Alignment events (estimated times)
+            "model": model,  # one of the server's models (GET /v1/models); None: its first
         }
 
     async def connect(self, **overrides: Any) -> ClientSession:

@@ -13,6 +13,7 @@ handling another keep the original as ``__cause__`` (``raise ... from exc``).
     ├── GenerationError                  one stream's generation failed (cause chained)
     │   └── NonFiniteLogitsError         a row had nothing finite to sample (.rows)
     ├── EngineClosedError                the engine is closed or not started
+    ├── ModelLoadError                   a served model could not be loaded on demand (.model_id)
     ├── OverloadedError                  every slot busy and the queue full
     │   └── QueueTimeoutError            waited in the queue past its timeout
     ├── InputError (ValueError)          a request's input is unusable
@@ -120,6 +121,15 @@ class NonFiniteLogitsError(GenerationError):
 
 class EngineClosedError(StreamTTSError):
     """The engine was closed (or never started) when a request arrived."""
+
+
+class ModelLoadError(StreamTTSError):
+    """A server's model could not be loaded for a request (the cause chained); the request
+    fails, the server and its other models stay up."""
+
+    def __init__(self, model_id: str, cause: BaseException) -> None:
+        super().__init__(f"model {model_id!r} could not be loaded: {cause}")
+        self.model_id = model_id
 
 
 class OverloadedError(StreamTTSError):

@@ -168,13 +168,13 @@ def speaker_text_arg(text: str) -> tuple[str, str]:
     return tag, said
 
 
-def check_config(args: argparse.Namespace) -> None:
+def check_config(args: argparse.Namespace, flag: str = "--config") -> None:
     """The config loads (a YAML error or an unusable value says so now), and the model files
     it names exist (a config copied without its weights is the common case)."""
     path = getattr(args, "config", None)
     if not path:
         return
-    check_input_file(path, "--config")
+    check_input_file(path, flag)
     from ..config import PATH_KEYS, load_config
 
     cfg = load_config(path)
@@ -182,7 +182,7 @@ def check_config(args: argparse.Namespace) -> None:
         value = getattr(cfg, key)
         if value and not Path(value).exists():
             raise UsageError(
-                f"--config {path}: {key} {value} does not exist (get the official weights with "
+                f"{flag} {path}: {key} {value} does not exist (get the official weights with "
                 "`streamtts download`, which writes weights/streamtts.yaml; without --config "
                 "every command uses the demo model)"
             )
@@ -226,7 +226,7 @@ def no_device_fallback(quiet: bool) -> tuple[str, PlaybackError] | None:
 
 
 def demo_notice(args: argparse.Namespace) -> None:
-    if not getattr(args, "config", None) and not getattr(args, "quiet", False):
+    if not getattr(args, "config", None) and not getattr(args, "model", None) and not getattr(args, "quiet", False):
         print(DEMO_NOTICE, file=sys.stderr)
 
 

@@ -120,5 +120,8 @@ def _models(args: argparse.Namespace) -> int:
         return 0
     for m in models:
         extra = " (the synthetic demo model: random weights)" if m.get("demo") else ""
-        print(f"{m.get('name') or m['id']}: {m.get('model_kind')}, {m.get('n_vq')} codebooks{extra}")
+        if m.get("loaded") is False:
+            extra += " (not loaded: its first request loads it)"
+        name = f"{m['id']} ({m['name']})" if m.get("name") and len(models) > 1 else m.get("name") or m["id"]
+        print(f"{name}: {m.get('model_kind')}, {m.get('n_vq')} codebooks{extra}")
     return 0

@@ -40,6 +40,7 @@ def add_parser(sub: Any) -> None:
         "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (or ${TOKEN_ENV})"
     )
     p.add_argument("--voice", help="voice id from an earlier upload (POST /v1/voices)")
+    p.add_argument("--model", help="which of the server's models speaks (streamtts models --server URL lists them)")
     p.add_argument("--reference", help="reference clip to upload and speak with")
     p.add_argument("--language", help="language tag for the prompt, e.g. en, zh")
     p.add_argument("--instruction", help="style instruction for the prompt")
@@ -147,6 +148,7 @@ async def say(args: argparse.Namespace) -> int:
         instruction=args.instruction,
         seed=args.seed,
         format="pcm_f32le_24000",  # what the player takes, bit-exact
+        model=args.model,
     )
     report = None
     try:

@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..server.app_state import ServerSettings
 from ..server.session import SessionSettings
 
+if TYPE_CHECKING:
+    from ..server.models import ModelSpec
+
 log = logging.getLogger(__name__)
+
+_MODEL_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 TOKEN_ENV = "STREAMTTS_TOKEN"
 VOICE_STORE_ENV = "STREAMTTS_VOICE_STORE"
@@ -141,9 +147,34 @@ def add_parser(sub: Any) -> None:
         default=7 * 24 * 3600.0,
         help="seconds a stored voice is kept after its last use (redis)",
     )
+    p.add_argument(
+        "--model", action="append", type=model_arg, default=[], metavar="ID=CONFIG",
+        help="serve the model of CONFIG under ID (repeatable: several models, one process; the "
+        "first is the default). A request picks one by its `model` (GET /v1/models lists them)",
+    )  # fmt: skip
+    p.add_argument(
+        "--on-demand", action="store_true",
+        help="with several --model: only the first loads at start; each other loads on its first "
+        "request (which waits for it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--idle-unload", type=float, metavar="SECONDS",
+        help="unload a model no stream has used for this long (its memory goes back to the OS); "
+        "its next request loads it again",
+    )  # fmt: skip
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-ups at start (the engine's and the server's generation)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     p.set_defaults(handler=serve, check=_check_serve)
+
+
+def model_arg(text: str) -> tuple[str, str]:
+    """``ID=CONFIG`` of ``--model``."""
+    mid, sep, path = text.partition("=")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ID=CONFIG, e.g. tts=weights/streamtts.yaml")
+    if not _MODEL_ID.fullmatch(mid):
+        raise argparse.ArgumentTypeError(f"{mid!r}: a model id is 1-64 letters, digits, '.', '_' or '-'")
+    return mid, path
 
 
 def _check_serve(args: argparse.Namespace) -> None:
@@ -152,6 +183,15 @@ def _check_serve(args: argparse.Namespace) -> None:
     check_config(args)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: ports are 0-65535 (0 = any free one)")
+    if args.model and args.config:
+        raise UsageError("--config and --model: give every model with --model ID=CONFIG (the first is the default)")
+    ids = [mid for mid, _ in args.model]
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"--model: each id once, got {', '.join(ids)}")
+    for mid, path in args.model:
+        check_config(argparse.Namespace(config=path), f"--model {mid}")
+    if args.idle_unload is not None and args.idle_unload <= 0:
+        raise UsageError(f"--idle-unload {args.idle_unload}: seconds > 0")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -219,6 +259,35 @@ def reachable_addresses() -> list[str]:
     return [a for a in dict.fromkeys(found) if not a.startswith("127.") and a != "0.0.0.0"]
 
 
+def _model_spec(args: argparse.Namespace, model_id: str, config: str | None, *, on_demand: bool) -> ModelSpec:
+    """One served model: its config read now (its member and codebooks, for listings before it
+    loads), its engine made at each load with the command line's engine options."""
+    from ..config import find_model_config
+    from ..core.tokens import load_token_ids
+    from ..engine.assemble import model_member
+    from ..engine.frontend import Engine
+    from ..server.models import ModelSpec
+
+    def make() -> Engine:
+        engine = Engine.from_config(
+            config,
+            max_streams=args.max_streams,
+            n_threads=args.n_threads,
+            queue_size=args.queue_size,
+            warmup=False if args.no_warmup else None,
+            admission=args.admission,
+            realtime_margin=args.realtime_margin,
+            first_audio_deadline_s=args.first_audio_deadline,
+        )
+        if args.admission is None and not engine.config.is_set("admission"):
+            engine.config.admission = "capacity"  # a server keeps what it admits in real time
+        return engine
+
+    cfg = make().config  # not loaded: the config only
+    mc = find_model_config(cfg)
+    return ModelSpec(model_id, cfg, make, model_member(mc).kind, load_token_ids(mc).n_vq if mc else 0, on_demand=on_demand)
+
+
 def settings_from_args(args: argparse.Namespace, max_streams: int) -> ServerSettings:
     from ..server.voice_store import VoiceStoreSettings
 
@@ -241,9 +310,10 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> ServerSett
 async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..engine.frontend import Engine
     from ..server.app import create_app
     from ..server.draining_server import DrainingServer
+    from ..server.model_names import DEFAULT_MODEL_ID
+    from ..server.models import ModelSet
     from ..server.uvicorn_ws import WebSocketProtocol
     from .common import demo_notice
 
@@ -252,23 +322,16 @@ async def serve(args: argparse.Namespace) -> int:
     if not args.token:
         _warn_open(args.host)
     demo_notice(args)
-    engine = Engine.from_config(
-        args.config,
-        max_streams=args.max_streams,
-        n_threads=args.n_threads,
-        queue_size=args.queue_size,
-        warmup=False if args.no_warmup else None,
-        admission=args.admission,
-        realtime_margin=args.realtime_margin,
-        first_audio_deadline_s=args.first_audio_deadline,
-    )
-    if args.admission is None and not engine.config.is_set("admission"):
-        engine.config.admission = "capacity"  # a server keeps what it admits in real time
-    settings = settings_from_args(args, engine.config.max_streams)
+    models_log = logging.getLogger("streamtts.server.models")
+    if not getattr(args, "quiet", False) and models_log.getEffectiveLevel() > logging.INFO:
+        models_log.setLevel(logging.INFO)  # a model loaded on demand or unloaded: the operator sees it
+    specs = [_model_spec(args, mid, path, on_demand=args.on_demand and i > 0) for i, (mid, path) in enumerate(args.model or [(DEFAULT_MODEL_ID, args.config)])]
+    settings = settings_from_args(args, sum(s.config.max_streams for s in specs))
+    models = ModelSet(specs, idle_unload_s=args.idle_unload, warmup=settings.warmup)
     # Load before serving: a model that fails to load is one line here, not a traceback from
-    # uvicorn's startup (the app's lifespan then finds the engine started).
-    await engine.start()
-    app = create_app(engine, settings)
+    # uvicorn's startup (the app's lifespan then finds the models started).
+    await models.start()
+    app = create_app(models, settings)
     if args.socket_send_buffer:
         # Accepted connections inherit the listening socket's SO_SNDBUF (Linux, BSD, macOS).
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, args.socket_send_buffer)

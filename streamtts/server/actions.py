@@ -35,6 +35,7 @@ class Configure:
     prefix: Voice | None = None  # continued by the implicit context's first segment
     prefix_text: str | None = None
     speaker_texts: dict[str, str] | None = None  # or: it continues the speakers' own clips
+    model: str = ""  # the served model's id (server/model_names.py): "" the server's first
 
 
 @dataclass(frozen=True, slots=True)

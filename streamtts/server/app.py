@@ -52,6 +52,7 @@ from .hosts import HostAllowList, HostCheckMiddleware
 from .listings import list_audio_voices, list_models
 from .logs import UvicornRefusalFilter
 from .metrics import CONTENT_TYPE
+from .models import ModelSet
 from .page import clip_from_body, favicon, info
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
@@ -65,29 +66,27 @@ log = logging.getLogger(__name__)
 __all__ = ["create_app"]
 
 STATIC = Path(__file__).parent / "static"
-WARMUP_TEXT = "Warming up."
 
 
 def create_app(
-    engine: EngineClient, settings: ServerSettings | None = None, *, own_engine: bool = True
+    engine: EngineClient | ModelSet, settings: ServerSettings | None = None, *, own_engine: bool = True
 ) -> Starlette:
-    """The app around ``engine`` (started in the lifespan if it is not yet).
+    """The app around ``engine``, or several models (server/models.py), started in the
+    lifespan if they are not yet.
 
-    ``own_engine``: close the engine when the app shuts down.
+    ``own_engine``: close the engine(s) when the app shuts down.
     """
     settings = (settings or ServerSettings()).validate()
-    names = VoiceNames(engine.config.voices)
+    models = engine if isinstance(engine, ModelSet) else ModelSet.of_engine(engine, warmup=settings.warmup)
+    names = VoiceNames(models.default.spec.config.voices)
     # the names of the model's own voice mean "no reference" on the WebSocket too
-    session = dataclasses.replace(settings.session, own_voice_names=names.own)
+    session = dataclasses.replace(settings.session, own_voice_names=names.own, model_ids=tuple(models.ids))
     settings = dataclasses.replace(settings, session=session)
 
-    async def encode(data: bytes) -> Voice:
-        v: Voice = await engine.encode_voice(data)
-        return v
-
-    async def encode_named(data: bytes, name: str) -> Voice:
-        v: Voice = await engine.encode_voice(data, name=name)
-        return v
+    async def encode(data: bytes, name: str = "") -> Voice:
+        async with models.lease(models.encoder_id) as e:
+            v: Voice = await e.encode_voice(data, name=name)
+            return v
 
     vs = settings.voice_store
     voices = VoiceStore(
@@ -97,7 +96,7 @@ def create_app(
         recheck_s=vs.recheck_s,
         max_stored_bytes=vs.max_stored_bytes,
     )
-    state = ServerState(engine, settings, voices, names)
+    state = ServerState(models, settings, voices, names)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -105,14 +104,9 @@ def create_app(
             # Not fatal: synthesis without a stored voice works, and the store is retried.
             log.warning("voice store %s unreachable at start", redact_url(vs.url))
         with uvicorn_refusals_quiet():
-            await engine.start()
-            if settings.warmup and engine.warmup_s is None:
-                # The first generation pays one-off costs (thread start-up, ONNX session
-                # warm-up); pay them before the first client does (unless the engine's own
-                # warm-up, the `warmup` config key, did).
-                await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
-                engine.forget_ticks()  # its ticks paid one-off costs (admission by capacity)
-            await names.load(encode_named)  # the config's `voices:` clips
+            # each model not marked on demand loads (and pays its one-off costs) now
+            await models.start()
+            await names.load(encode)  # the config's `voices:` clips
             state.ready = True
             log.info("streamtts server ready (max %d sessions)", settings.max_sessions)
             try:
@@ -122,7 +116,7 @@ def create_app(
                 state.ready = False
                 await voices.aclose()
                 if own_engine:
-                    await engine.aclose()
+                    await models.aclose()
 
     def host_refused() -> None:
         state.metrics.errors_total.inc(code=ErrorCode.FORBIDDEN_HOST)
@@ -188,22 +182,23 @@ async def index(request: Request) -> Response:
 
 async def healthz(request: Request) -> Response:
     s = _state(request)
-    e = s.engine
+    models = s.models
     status = "ok" if s.ready else ("closing" if s.closing else "starting")
     if s.ready and s.drain.active:
         status = "draining"  # alive: a liveness probe must not restart a draining replica
-    body = {
+    body: dict[str, object] = {
         "status": status,
-        "active_streams": e.active_streams,
-        "queued_streams": e.queued_streams,
-        "max_streams": e.config.max_streams,
+        "active_streams": models.active_streams(),
+        "queued_streams": models.queued_streams(),
+        "max_streams": models.max_streams(),
         "sessions": s.sessions,
         "max_sessions": s.settings.max_sessions,
         "voices": len(s.voices),
         "draining": s.drain.active,
     }
-    adm = e.admission_info()
-    if adm:  # the measured capacity (engine/capacity.py)
+    e = models.default.engine
+    adm = e.admission_info() if e is not None else {}
+    if e is not None and adm:  # the measured capacity (engine/capacity.py)
         body["admission"] = e.config.admission
         body["capacity_streams"] = int(adm["capacity_streams"])
         body["tick_ms_at_capacity"] = adm["tick_ms_at_capacity"]
@@ -225,13 +220,14 @@ async def readyz(request: Request) -> Response:
     body = {
         "status": status,
         "free_slots": 0 if draining else free,
-        "active_streams": s.engine.active_streams,
-        "queued_streams": s.engine.queued_streams,
+        "active_streams": s.models.active_streams(),
+        "queued_streams": s.models.queued_streams(),
         "sessions": s.sessions,
         "max_sessions": s.settings.max_sessions,
         "draining": draining,
         "voice_store": s.voices.backend,
         "voice_store_up": s.voices.available,
+        "models": {str(m["id"]): "loaded" if m["loaded"] else "unloaded" for m in s.models.listing()},
     }
     return JSONResponse(body, status_code=200 if status == "ready" else 503)
 

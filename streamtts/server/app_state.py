@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..engine.client import EngineClient
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from ..errors import ConfigError
 from ..request import Voice
 from .drain import Drain
 from .metrics import ServerMetrics
+from .models import ModelSet
 from .protocol import ErrorCode
 from .session import SessionSettings
 from .voice_names import VoiceNames
@@ -80,26 +80,28 @@ class ServerSettings:
 
 
 class ServerState:
-    """What every request sees: the engine, the voices, the metrics, the session count."""
+    """What every request sees: the models, the voices, the metrics, the session count."""
 
     def __init__(
         self,
-        engine: EngineClient,
+        models: ModelSet,
         settings: ServerSettings,
         voices: VoiceStore,
         voice_names: VoiceNames | None = None,
     ) -> None:
-        self.engine = engine
+        self.models = models
         self.settings = settings
         self.voices = voices
         self.voice_names = voice_names or VoiceNames()
+        default = models.default
         self.metrics = ServerMetrics(
-            lambda: engine.active_streams,
-            lambda: engine.queued_streams,
-            lambda: engine.prefix_cache_info() if hasattr(engine, "prefix_cache_info") else {},
+            models.active_streams,
+            models.queued_streams,
+            lambda: default.engine.prefix_cache_info() if default.engine is not None else {},
             lambda: 1.0 if voices.available else 0.0,
-            lambda: dict(getattr(engine, "info", None) or {}),
-            lambda: engine.admission_info() if hasattr(engine, "admission_info") else {},
+            lambda: dict(default.engine.info) if default.engine is not None else {},
+            lambda: default.engine.admission_info() if default.engine is not None else {},
+            models.listing,
         )
         self.drain = Drain(self.metrics, settings.drain_timeout_s)
         self.sessions = 0

@@ -1,7 +1,8 @@
 """Listings that OpenAI-style clients and Kokoro-FastAPI-style UIs call.
 
-* ``GET /v1/models``: OpenAI's list shape; the one model this server serves, with the family
-  member it is (``model_kind``) and its codebooks (``n_vq``).
+* ``GET /v1/models``: OpenAI's list shape; every model this server serves (the first is the
+  default), each with the family member it is (``model_kind``), its codebooks (``n_vq``) and
+  whether it is loaded now (server/models.py).
 * ``GET /v1/audio/voices``: every voice a request may name: the config's ``voices:`` names
   (``kind: "name"``; the model's own voice has ``seconds`` null, and the names that are only
   aliases of it, OpenAI's ``alloy``, ``nova``, ... without a table, say so: ``alias_of:
@@ -24,26 +25,13 @@ from .speech_http import check_access, error_response
 
 __all__ = ["list_audio_voices", "list_models"]
 
-MODEL_ID = "streamtts"  # what `model` in a speech request may say (any value is accepted)
-
-
 async def list_models(request: Request) -> Response:
     s: ServerState = request.app.state.streamtts
     denied = check_access(s, request)
     if denied is not None:
         return denied
-    info = s.engine.info
-    model = {
-        "id": MODEL_ID,
-        "object": "model",
-        "created": 0,
-        "owned_by": "streamtts",
-        "model_kind": info.get("model_kind", "moss-tts"),
-        "n_vq": info.get("n_vq"),
-        "name": info.get("model", ""),
-        "demo": bool(info.get("demo", False)),
-    }
-    return JSONResponse({"object": "list", "data": [model]})
+    models = [{"object": "model", "created": 0, "owned_by": "streamtts", **m} for m in s.models.listing()]
+    return JSONResponse({"object": "list", "data": models})
 
 
 async def list_audio_voices(request: Request) -> Response:
@@ -51,7 +39,7 @@ async def list_audio_voices(request: Request) -> Response:
     denied = check_access(s, request)
     if denied is not None:
         return denied
-    n_vq = s.engine.info.get("n_vq")
+    n_vq = s.models.n_vq(s.models.encoder_id)
     voices: list[dict[str, Any]] = []
     aliases = set(s.voice_names.aliases())
     for name in s.voice_names.names:

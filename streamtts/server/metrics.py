@@ -110,6 +110,12 @@ class CounterFn(_Metric):
             yield f"{self.name}{_labels(((self._label, value),))} {_fmt(count)}"
 
 
+class GaugeFn(CounterFn):
+    """Gauges kept elsewhere, one per label value, read at scrape time."""
+
+    kind = "gauge"
+
+
 class InfoGauge(_Metric):
     """A constant 1 whose labels carry text read at scrape time (Prometheus' *_info idiom)."""
 
@@ -174,8 +180,15 @@ class ServerMetrics:
         voice_store_up: Callable[[], float] = lambda: 1.0,
         engine_info: Callable[[], dict[str, object]] = dict,
         admission: Callable[[], dict[str, float]] = dict,
+        models: Callable[[], list[dict[str, object]]] = list,
     ) -> None:
         r = self.registry = Registry()
+        self.model_loaded = GaugeFn(
+            "streamtts_model_loaded",
+            "1 for each served model that is loaded, 0 for one that waits unloaded (on demand, or idle).",
+            "model",
+            lambda: {str(m["id"]): float(bool(m["loaded"])) for m in models()},
+        )
         self.capacity = Gauge(
             "streamtts_capacity_streams",
             "Streams the engine steps ahead of real time by its margin, from its own tick times "
@@ -306,6 +319,7 @@ class ServerMetrics:
             self.finish_rate,
             self.lag,
             self.admission,
+            self.model_loaded,
         ):
             r.add(m)
 

@@ -39,7 +39,8 @@ async def favicon(request: Request) -> Response:
 
 async def info(request: Request) -> Response:
     state = request.app.state.streamtts
-    engine_info = state.engine.info
+    default = state.models.default
+    engine_info = default.engine.info if default.engine is not None else {"n_vq": default.spec.n_vq, "model_kind": default.spec.kind}
     demo = bool(engine_info.get("demo", False))
     return JSONResponse(
         {
@@ -49,6 +50,7 @@ async def info(request: Request) -> Response:
             "ready": bool(state.ready),
             "n_vq": int(engine_info.get("n_vq", N_VQ)),  # the model's codebooks per frame
             "model_kind": engine_info.get("model_kind"),  # the family member loaded (core/family.py)
+            "models": state.models.listing(),  # every model served (server/models.py), the first the default
             # where the backbone runs, as llama.cpp reported it (model/placement.py)
             "backbone": {
                 k: engine_info[k]

@@ -18,6 +18,7 @@ from ..errors import (
     EngineClosedError,
     GenerationError,
     InputError,
+    ModelLoadError,
     OverloadedError,
     PromptTooLongError,
     QueueTimeoutError,
@@ -77,6 +78,7 @@ class Start(GenerationFields, tag="start", frozen=True, kw_only=True, forbid_unk
     min_chars: int | None = None  # segmenter: minimum length of a sentence segment
     clause_min_chars: int | None = None  # ... of a segment cut at a clause (comma) boundary
     normalize: bool | None = None
+    model: str | None = None  # a served model's id (GET /v1/models); None: the URL's ?model=, else the first
 
 
 class Text(msgspec.Struct, tag="text", kw_only=True, forbid_unknown_fields=True):
@@ -245,6 +247,8 @@ class ErrorCode:
     # sessions with nothing in progress are closed (1001); reconnect, the balancer picks another
     SERVER_DRAINING = "server_draining"
     VOICE_STORE_UNAVAILABLE = "voice_store_unavailable"  # the shared voice store is unreachable
+    UNKNOWN_MODEL = "unknown_model"  # `model` names none of the server's models
+    MODEL_UNAVAILABLE = "model_unavailable"  # the model could not be loaded for this request
     INTERNAL_ERROR = "internal_error"
     # HTTP only
     UNAUTHORIZED = "unauthorized"
@@ -357,6 +361,8 @@ def error_for_exception(exc: BaseException) -> tuple[str, bool, int]:
         return ErrorCode.QUEUE_TIMEOUT, True, CloseCode.TRY_AGAIN_LATER
     if isinstance(exc, OverloadedError):
         return ErrorCode.OVERLOADED, True, CloseCode.TRY_AGAIN_LATER
+    if isinstance(exc, ModelLoadError):
+        return ErrorCode.MODEL_UNAVAILABLE, True, CloseCode.TRY_AGAIN_LATER
     if isinstance(exc, EngineClosedError):
         return ErrorCode.SERVER_SHUTDOWN, True, CloseCode.GOING_AWAY
     if isinstance(exc, CodecError):

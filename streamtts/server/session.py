@@ -64,6 +64,7 @@ from ..text.segmenter import (
 from ..timing.modes import check_timestamps
 from .actions import Abort, Action, Close, Configure, EndInput, SendAudio, SendText, Synthesize
 from .alignment import ContextWords
+from .model_names import DEFAULT_MODEL_ID, resolve_model
 from .protocol import (
     PROTOCOL_VERSION,
     AudioHeader,
@@ -124,6 +125,7 @@ class SessionSettings:
     # voice names that mean the model's own voice (no reference): `default`, or those the
     # config's `voices:` table maps to null
     own_voice_names: frozenset[str] = frozenset({"default"})
+    model_ids: tuple[str, ...] = (DEFAULT_MODEL_ID,)  # the served models (the first: default)
 
 
 State = Literal["idle", "streaming", "ended", "closed"]
@@ -172,8 +174,10 @@ class Session:
         clock: Callable[[], float] = time.monotonic,
         sent_audio: Callable[[str | None], float] | None = None,
         unknown_voice: Callable[[str], str] | None = None,
+        model: str | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
+        self._url_model = model  # the URL's ?model= (a balancer routes on it without reading frames)
         self.id = session_id or secrets.token_hex(8)
         self._voices = voices or (lambda _id: None)
         # what a `start` naming no voice is told (the server lists the voices it has)
@@ -632,6 +636,9 @@ class Session:
         except ValueError as exc:
             self._error(ErrorCode.INVALID_FORMAT, str(exc))
             return False
+        model = self._model(msg.model)
+        if model is None:
+            return False
         reference: Voice | None = None
         if msg.voice is not None:
             try:
@@ -672,7 +679,7 @@ class Session:
         self._seg_cfg = seg_cfg
         self._contexts[None] = _Context(None, Segmenter(seg_cfg), StreamEncoder(fmt))
         self.state = "streaming"
-        self._out.append(Configure(reference, options, speakers, prefix, msg.prefix_text, msg.speaker_texts or None))
+        self._out.append(Configure(reference, options, speakers, prefix, msg.prefix_text, msg.speaker_texts or None, model))
         self._send(
             Ready(
                 session=self.id,
@@ -696,6 +703,23 @@ class Session:
             )
         )
         return True
+
+    def _model(self, name: str | None) -> str | None:
+        """The served model's id the start (or else the URL) names; None (and an error) if none."""
+        url = self._url_model
+        if name is not None and url is not None and name != url:
+            self._error(ErrorCode.UNKNOWN_MODEL, f"model: the start names {name!r}, the URL's ?model= {url!r}; name one")
+            return None
+        try:
+            return resolve_model(name if name is not None else url, self.settings.model_ids)
+        except FieldError as exc:
+            self._error(ErrorCode.UNKNOWN_MODEL, str(exc))
+            return None
+
+    def model_failed(self, exc: BaseException) -> None:
+        """The start's model could not be loaded: the session ends with that error."""
+        code, _, close = error_for_exception(exc)
+        self._fatal(code, str(exc), close)
 
     def _voice_fields(self, msg: Start) -> tuple[dict[str, Voice] | None, Voice | None]:
         """The `start`'s speakers and prefix as voices (the I/O layer fetched or encoded them

@@ -29,7 +29,7 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -40,6 +40,7 @@ from starlette.types import Send
 from ..constants import FRAME_RATE, SAMPLE_RATE
 from ..core.prompt import check_template_fields
 from ..core.speakers import check_speakers
+from ..engine.client import EngineClient
 from ..engine.segmented import (
     SegmentAudio,
     SegmentDone,
@@ -47,7 +48,13 @@ from ..engine.segmented import (
     SegmentEvent,
     SegmentFailed,
 )
-from ..errors import FieldError, InputError, OverloadedError, VoiceStoreUnavailableError
+from ..errors import (
+    FieldError,
+    InputError,
+    ModelLoadError,
+    OverloadedError,
+    VoiceStoreUnavailableError,
+)
 from ..request import GenerationFields, StreamOptions, Voice, WordTime
 from ..request.voices import check_speaker_texts, speaker_number, speaker_tuple, tagged_text
 from ..text.segmenter import Segmenter, SegmenterConfig
@@ -168,11 +175,48 @@ async def speech_endpoint(request: Request) -> Response:
         return body
     try:
         req = msgspec.json.decode(body, type=SpeechRequest)
+        served = state.models.resolve(req.model)
+    except FieldError as exc:
+        m.errors_total.inc(code=ErrorCode.UNKNOWN_MODEL)
+        return error_response(400, ErrorCode.UNKNOWN_MODEL, str(exc), param="model")
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
+        return error_response(400, ErrorCode.INVALID_REQUEST, str(exc))
+    except RecursionError:  # msgspec's guard against deep nesting
+        m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
+        return error_response(400, ErrorCode.INVALID_REQUEST, "the JSON body is nested too deeply")
+    try:  # loaded on demand: this request waits; a failed load is its error
+        engine = await state.models.acquire(served)
+    except ModelLoadError as exc:
+        m.errors_total.inc(code=ErrorCode.MODEL_UNAVAILABLE)
+        return error_response(503, ErrorCode.MODEL_UNAVAILABLE, str(exc), "server_error", param="model")
+    held = [True]
+
+    def done_with_model() -> None:
+        if held[0]:
+            held[0] = False
+            state.models.release(served)
+
+    try:
+        resp = await _speech(request, state, req, engine, done_with_model)
+    except BaseException:
+        done_with_model()
+        raise
+    if not isinstance(resp, _StreamingSpeech):
+        done_with_model()  # else its body's end does (the model stays loaded while it plays)
+    return resp
+
+
+async def _speech(
+    request: Request, state: ServerState, req: SpeechRequest, engine: EngineClient, done_with_model: Callable[[], None]
+) -> Response:
+    m = state.metrics
+    try:
         fmt, sse = _format(req)
         if req.voice is not None and req.voice not in state.voice_names:
             await state.voices.fetch(req.voice)  # into this replica's cache (shared store)
-        options, reference = _options(req, state)
-        speakers, prefix = await _voice_fields(req, state, reference)
+        options, reference = _options(req, state, engine)
+        speakers, prefix = await _voice_fields(req, state, reference, engine)
     except SpeechRequestError as exc:  # a field we cannot honour: 400 naming it
         m.errors_total.inc(code=exc.code)
         return error_response(exc.status, exc.code, str(exc), param=exc.param)
@@ -236,10 +280,11 @@ async def speech_endpoint(request: Request) -> Response:
         if not released:
             released = True
             state.release(client)
+            done_with_model()
 
     try:
         sp = SegmentedSpeech(
-            state.engine,
+            engine,
             reference=reference,
             options=options,
             speakers=speakers,
@@ -274,7 +319,7 @@ async def speech_endpoint(request: Request) -> Response:
         return resp
     drained = HttpStream()  # what the drain sees of this stream (drain.py)
     output = SpeechOutput(fmt, req.speed)
-    body_iter = _body(state, events, first, output, sse, release, drained, req.input, req.speed)
+    body_iter = _body(state, engine, events, first, output, sse, release, drained, req.input, req.speed)
     media = "text/event-stream" if sse else fmt.mime_type
     headers = {
         "Cache-Control": "no-store",
@@ -317,7 +362,7 @@ def _format(req: SpeechRequest) -> tuple[SpeechFormat, bool]:
     return resolve_format(req.response_format, sse), sse
 
 
-def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voice | None]:
+def _options(req: SpeechRequest, state: ServerState, engine: EngineClient) -> tuple[StreamOptions, Voice | None]:
     reference: Voice | None = None
     if req.voice is not None:
         known, reference = state.lookup_voice(req.voice)
@@ -329,14 +374,14 @@ def _options(req: SpeechRequest, state: ServerState) -> tuple[StreamOptions, Voi
     try:
         options = request_options(req, cap, instruction=req.instructions)
         # checked before anything is generated: every segment would fail
-        check_template_fields(state.engine.prompt_template, options)
+        check_template_fields(engine.prompt_template, options)
     except FieldError as exc:
         raise http_error(exc) from None
     return options, reference
 
 
 async def _voice_fields(
-    req: SpeechRequest, state: ServerState, reference: Voice | None
+    req: SpeechRequest, state: ServerState, reference: Voice | None, engine: EngineClient
 ) -> tuple[dict[str, Voice] | None, Voice | None]:
     """The dialogue's speakers and the continuation's prefix; the whole input's speaker
     tags checked against the speakers here (its segments each carry only some)."""
@@ -360,7 +405,7 @@ async def _voice_fields(
         try:
             check_speakers(
                 tagged_text(req.input, req.speaker_texts, req.prefix_text), speaker_tuple(speakers),
-                voiceless=state.engine.prompt_template.by_position,
+                voiceless=engine.prompt_template.by_position,
             )  # fmt: skip
         except InputError as exc:
             raise SpeechRequestError(ErrorCode.INVALID_OPTION, "speakers", str(exc)) from None
@@ -383,6 +428,7 @@ async def _first_audio(events: AsyncGenerator[SegmentEvent, None]) -> SegmentEve
 
 async def _body(
     state: ServerState,
+    engine: EngineClient,
     events: AsyncGenerator[SegmentEvent, None],
     first: SegmentEvent,
     output: SpeechOutput,
@@ -443,7 +489,7 @@ async def _body(
         if frames:
             m.rtf.observe((loop.time() - t0) / (frames / FRAME_RATE))
         if sse:
-            n_in = await asyncio.to_thread(state.engine.count_text_tokens, text)
+            n_in = await asyncio.to_thread(engine.count_text_tokens, text)
             done = {
                 "type": "speech.audio.done",
                 "usage": {"input_tokens": n_in, "output_tokens": frames, "total_tokens": n_in + frames},

@@ -64,7 +64,8 @@ async def resolve_voice(state: ServerState, value: object, field: str, *, keep_c
                 "neither a voice id or name nor a base64 clip (not valid base64)",
             ) from None  # fmt: skip
         if keep_clip:
-            clipped: Voice = await state.engine.encode_voice(data)
+            async with state.models.lease(state.models.encoder_id) as engine:
+                clipped: Voice = await engine.encode_voice(data)
             return clipped
         info = await state.voices.add(data)
     except VoiceStoreUnavailableError as exc:

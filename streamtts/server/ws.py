@@ -34,14 +34,16 @@ from dataclasses import dataclass
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..constants import FRAME_RATE
+from ..engine.client import EngineClient
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
-from ..errors import InputError, VoiceStoreUnavailableError
+from ..errors import InputError, ModelLoadError, VoiceStoreUnavailableError
 from ..request import StreamOptions, Voice
 from ..request.voices import speaker_number
 from .app_state import ServerState
 from .drain import refuse_websocket
 from .hosts import deny_websocket
 from .logs import REFUSALS
+from .models import ServedModel
 from .pacing import PING_EXTENSION, Listener
 from .protocol import ClientMessage, CloseCode, Error, ErrorCode, Start, encode
 from .session import (
@@ -187,6 +189,9 @@ class WsConnection:
     def __init__(self, ws: WebSocket, state: ServerState) -> None:
         self.ws = ws
         self.state = state
+        # the served model the start chose, held loaded while the session lasts (server/models.py)
+        self._model: ServedModel | None = None
+        self._engine: EngineClient | None = None
         self.settings = state.settings
         self.outbox = Outbox(state.settings.send_buffer_s)
         # acknowledgement pings (uvicorn_ws.py); absent under another ASGI server
@@ -201,6 +206,7 @@ class WsConnection:
             voices=self._voice,
             sent_audio=lambda cid: self.outbox.sent_by.get(cid, 0.0),
             unknown_voice=state.unknown_voice,
+            model=ws.query_params.get("model"),
         )
         # A voice fetch (shared store) that failed: the session's lookup raises it.
         self._voice_errors: dict[str, VoiceStoreUnavailableError | InputError] = {}
@@ -240,6 +246,9 @@ class WsConnection:
             await asyncio.gather(self.sender, self.receiver, return_exceptions=True)
             if self.urgent_close is not None:
                 await self._close_now(self.urgent_close)
+            if self._model is not None:
+                self.state.models.release(self._model)
+                self._model = None
 
     async def _report_crash(self, done: set[asyncio.Task[None]]) -> None:
         """A task that died of an exception is a bug: log it once, tell the client (1011)."""
@@ -414,8 +423,9 @@ class WsConnection:
         prefix, prefix_text = self._prefix or (None, None)
         speaker_texts, self._speaker_texts = self._speaker_texts, None
         self._prefix = None  # the session's first pipeline continues it; later ones, its voices
+        assert self._engine is not None  # set by Configure, before any pipeline
         p = SegmentedSpeech(
-            self.state.engine,
+            self._engine,
             reference=self._reference,
             options=self._options,
             speakers=self._speakers,
@@ -511,6 +521,9 @@ class WsConnection:
                     m.errors_total.inc(code=a.error_code)
                 self.outbox.put(a.data)
             elif isinstance(a, Configure):
+                if not await self._take_model(a.model):
+                    await self._apply(self.session.actions())
+                    return
                 self._reference, self._options = a.reference, a.options
                 self._speakers = a.speakers
                 self._prefix = None if a.prefix is None else (a.prefix, a.prefix_text)
@@ -535,6 +548,18 @@ class WsConnection:
                     self.outbox.put(a)
                 if a.code == CloseCode.NORMAL and self.session.state == "closed":
                     self._observe_rtf()
+
+    async def _take_model(self, model_id: str) -> bool:
+        """Hold the start's model for the session, loading it if it is not (the session waits);
+        a failed load ends the session with its error (False)."""
+        m = self.state.models.models[model_id]
+        try:
+            self._engine = await self.state.models.acquire(m)
+        except ModelLoadError as exc:
+            self.session.model_failed(exc)
+            return False
+        self._model = m
+        return True
 
     def _too_slow(self) -> bool:
         return self.listener.too_slow(self.settings.send_stall_s)

@@ -17,9 +17,11 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from streamtts.config import EngineConfig
 from streamtts.errors import VoiceStoreUnavailableError
 from streamtts.server.app_state import ServerSettings, ServerState
 from streamtts.server.drain import EXIT_GRACE_S, FLUSH_GRACE_S, Drain
+from streamtts.server.models import ModelSet
 from streamtts.server.protocol import CloseCode, ErrorCode
 from streamtts.server.session import Abort, Close, SendText, Session, SessionSettings
 from streamtts.server.voices import VoiceStore
@@ -93,6 +95,8 @@ def test_an_unreachable_voice_store_refuses_the_start_with_its_own_code() -> Non
 class FakeEngine:
     active_streams = 0
     queued_streams = 0
+    info: dict[str, Any] = {}
+    config = EngineConfig()
 
 
 class Stand:
@@ -119,7 +123,7 @@ async def _encode(data: bytes) -> Any:  # pragma: no cover - no upload here
 
 def test_drain_closes_quiet_sessions_waits_for_busy_ones_and_cuts_at_the_timeout() -> None:
     async def run() -> tuple[Any, ...]:
-        state = ServerState(FakeEngine(), ServerSettings(drain_timeout_s=0.6), VoiceStore(_encode))
+        state = ServerState(ModelSet.of_engine(FakeEngine()), ServerSettings(drain_timeout_s=0.6), VoiceStore(_encode))
         drain = state.drain
         finished: list[float] = []
         drain.on_finished = lambda: finished.append(time.monotonic())
@@ -144,7 +148,7 @@ def test_drain_closes_quiet_sessions_waits_for_busy_ones_and_cuts_at_the_timeout
 
 def test_a_drain_with_nothing_live_finishes_at_once() -> None:
     async def run(timeout_s: float) -> tuple[float, int]:
-        state = ServerState(FakeEngine(), ServerSettings(drain_timeout_s=timeout_s), VoiceStore(_encode))
+        state = ServerState(ModelSet.of_engine(FakeEngine()), ServerSettings(drain_timeout_s=timeout_s), VoiceStore(_encode))
         t0 = time.monotonic()
         state.drain.start("test")
         await asyncio.wait_for(state.drain.finished.wait(), 5)
