@@ -438,3 +438,36 @@ def random_sampling_params(rng: np.random.Generator, audio_top_k: tuple[int, ...
         audio_top_p=float(rng.choice([0.2, 0.8, 1.0])),
         audio_repetition_penalty=float(rng.choice([1.0, 1.0, 1.3, 0.8])),
     )
+
+
+# -- the browser page (Debian's Chromium, driven by Playwright) --------------------------------
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--autoplay-policy=no-user-gesture-required",
+]
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Any:
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (/usr/bin/chromium): apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),  # a new, empty user data dir
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+        )
+        try:
+            yield ctx.new_page()
+        finally:
+            ctx.close()

@@ -29,6 +29,7 @@ makes ``streamtts speak`` play to nowhere at a listener's pace. Every block has 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -135,6 +136,17 @@ def test_skipped_blocks_say_why() -> None:
 GLOBAL = {"-h", "--help", "-v", "--verbose", "-q", "--quiet"}
 
 
+def _subcommand(parser: argparse.ArgumentParser, text: str) -> argparse.ArgumentParser:
+    """The parser of the subcommand ``text`` names after its command (``streamtts voice
+    design ...``: design's), else ``parser``."""
+    words = text.split()[2:3]
+    for a in parser._actions:
+        choices = getattr(a, "choices", None)
+        if not a.option_strings and isinstance(choices, dict) and words and words[0] in choices:
+            return choices[words[0]]
+    return parser
+
+
 def test_usage_blocks_match_the_parser() -> None:
     from streamtts.cli.main import build_parser
 
@@ -148,6 +160,7 @@ def test_usage_blocks_match_the_parser() -> None:
             if sub is None:
                 problems.append(f"{b.where}: `streamtts {cmd}` is no command")
                 continue
+            sub = _subcommand(sub, text)  # `streamtts voice design ...`: design's options
             known = {s for a in sub._actions for s in a.option_strings}
             shown = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
             problems += [f"{b.where}: `streamtts {cmd}` has no option {f}" for f in sorted(shown - known)]

@@ -21,10 +21,11 @@ from .serve import TOKEN_ENV
 def add_parser(sub: Any) -> None:
     from .common import add_model_args
 
+    add_voice_parser(sub)
     for name, text in (
         ("voices", "list the voices a request may name (--server: that server's, uploads too)"),
         ("models", "list the model served (--server: that server's)"),
-    ):
+    ):  # and `streamtts voice design` (below)
         p: argparse.ArgumentParser = sub.add_parser(name, help=text, description=__doc__)
         add_model_args(p)
         p.add_argument("--server", help="a server's base URL (default: this machine's config)")
@@ -40,14 +41,19 @@ def _check(args: argparse.Namespace) -> None:
         check_config(args)
 
 
-def fetch_json(server: str, path: str, token: str | None) -> Any:
-    """GET ``server`` + ``path``; a refusal or an unreachable server is a UsageError."""
+def fetch_json(server: str, path: str, token: str | None, body: Any = None, timeout: float = 30) -> Any:
+    """GET ``server`` + ``path`` (POST ``body`` as JSON when given); a refusal or an
+    unreachable server is a UsageError naming why."""
     from ..client import http_base
 
     url = http_base(server) + path
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         try:
@@ -93,7 +99,7 @@ def _voices(args: argparse.Namespace) -> int:
         if v.get("alias_of"):
             continue  # said once, below
         seconds = f", {v['seconds']:.1f} s" if v.get("seconds") else ""
-        label = v["name"] if v.get("kind") == "uploaded" and v.get("name") else v["id"]
+        label = v["name"] if v.get("kind") in ("uploaded", "designed") and v.get("name") else v["id"]
         ident = f" ({v['id']})" if label != v["id"] else ""
         print(f"{label}{ident}: {v.get('description') or v.get('kind', '')}{seconds}")
     if own:
@@ -124,4 +130,43 @@ def _models(args: argparse.Namespace) -> int:
             extra += " (not loaded: its first request loads it)"
         name = f"{m['id']} ({m['name']})" if m.get("name") and len(models) > 1 else m.get("name") or m["id"]
         print(f"{name}: {m.get('model_kind')}, {m.get('n_vq')} codebooks{extra}")
+    return 0
+
+
+def add_voice_parser(sub: Any) -> None:
+    """``streamtts voice design DESCRIPTION``: a voice designed on a server (POST /v1/voices/design)."""
+    from .say import default_server
+
+    p: argparse.ArgumentParser = sub.add_parser("voice", help="voices on a server: design one from a description")
+    cmds = p.add_subparsers(dest="voice_cmd", required=True, metavar="{design}")
+    d = cmds.add_parser(
+        "design", help="design a voice from a description (the server's MOSS-VoiceGenerator) and store it",
+        description="The server's MOSS-VoiceGenerator speaks a sample with DESCRIPTION as its instruction; "
+        "the audio is stored as a voice that every model of that server can speak with.",
+    )
+    d.add_argument("description", help='the voice, described, e.g. "a calm, low voice"')
+    d.add_argument("--save", metavar="NAME", default="", help="the name requests may use for it (--voice NAME)")
+    d.add_argument("--text", help="what the sample says (default: a sentence of the server's)")
+    d.add_argument("--model", help="which VoiceGenerator, when the server serves several")
+    d.add_argument("--seed", type=int, help="sampling seed (the same seed and description: the same voice)")
+    d.add_argument("--server", default=default_server(), help="the server's base URL")
+    d.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"the server's --token (or ${TOKEN_ENV})")
+    d.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+    d.set_defaults(handler=_design, check=_check_design)
+
+
+def _check_design(args: argparse.Namespace) -> None:
+    if not args.description.strip():
+        raise UsageError("DESCRIPTION is empty: describe the voice, e.g. \"a calm, low voice\"")
+
+
+def _design(args: argparse.Namespace) -> int:
+    body = {"description": args.description, "name": args.save, "text": args.text, "model": args.model, "seed": args.seed}
+    got = fetch_json(args.server, "/v1/voices/design", args.token, {k: v for k, v in body.items() if v not in (None, "")}, timeout=600)
+    if args.json:
+        print(json.dumps(got, indent=1))
+        return 0
+    name = f" as {got['name']!r}" if got.get("name") else ""
+    print(f"designed voice {got['voice_id']}{name} ({got['seconds']:.1f} s, by {got['model']}): "
+          f"use it with --voice {got.get('name') or got['voice_id']}")  # fmt: skip
     return 0

@@ -40,6 +40,8 @@ class Voice:
     codes: np.ndarray
     name: str = ""
     clip: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # how it was made, when it was designed from a description (POST /v1/voices/design)
+    description: str = field(default="", compare=False)
 
     @property
     def seconds(self) -> float:

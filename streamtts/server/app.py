@@ -56,9 +56,10 @@ from .models import ModelSet
 from .page import clip_from_body, favicon, info
 from .protocol import ErrorCode
 from .speech_http import check_access, error_response, read_request, speech_endpoint
+from .voice_design import design_voice
 from .voice_names import VoiceNames
 from .voice_store import redact_url
-from .voices import MAX_NAME_CHARS, VoiceStore, open_shared_voices, valid_voice_name
+from .voices import VoiceStore, open_shared_voices
 from .ws import websocket_endpoint
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ def create_app(
             Route("/v1/info", info),
             Route("/v1/audio/speech", speech_endpoint, methods=["POST"]),
             Route("/v1/voices", upload_voice, methods=["POST"]),
+            Route("/v1/voices/design", design_voice, methods=["POST"]),
             Route("/v1/voices", list_voices, methods=["GET"]),
             Route("/v1/voices/{voice_id}", delete_voice, methods=["DELETE"]),
             Route("/v1/audio/voices", list_audio_voices),
@@ -289,7 +291,7 @@ async def upload_voice(request: Request) -> Response:
             "empty body: send the clip's bytes (wav, flac, ogg)",
         )
     name = request.query_params.get("name", "") or form_name
-    refused = _refuse_name(s, name)
+    refused = s.refuse_name(name)
     if refused is not None:
         m.errors_total.inc(code=ErrorCode.INVALID_REQUEST)
         return error_response(400, ErrorCode.INVALID_REQUEST, refused, param="name")
@@ -314,17 +316,6 @@ async def upload_voice(request: Request) -> Response:
         },
         status_code=200 if voice.cached else 201,
     )
-
-
-def _refuse_name(s: ServerState, name: str) -> str | None:
-    """Why an upload may not take ``name`` (requests then use the name), or None."""
-    if not name:
-        return None
-    if not valid_voice_name(name):
-        return f"name {name[:80]!r}: a voice name is 1-{MAX_NAME_CHARS} characters, not in a voice id's form"
-    if name in s.voice_names:
-        return f"name {name!r} is one of the config's voice names ({', '.join(s.voice_names.names)}): choose another"
-    return None
 
 
 async def list_voices(request: Request) -> Response:

@@ -18,7 +18,7 @@ from .protocol import ErrorCode
 from .session import SessionSettings
 from .voice_names import VoiceNames
 from .voice_store import VoiceStoreSettings
-from .voices import VoiceStore
+from .voices import MAX_NAME_CHARS, VoiceStore, valid_voice_name
 
 __all__ = ["ServerSettings", "ServerState"]
 
@@ -146,6 +146,16 @@ class ServerState:
     def named_voice(self, name: str) -> Voice | None:
         """A configured name's clip, else an uploaded voice id's voice (None: neither)."""
         return self.voice_names.get(name) or self.voices.get(name)
+
+    def refuse_name(self, name: str) -> str | None:
+        """Why a stored voice may not take ``name`` (requests then use the name), or None."""
+        if not name:
+            return None
+        if not valid_voice_name(name):
+            return f"name {name[:80]!r}: a voice name is 1-{MAX_NAME_CHARS} characters, not in a voice id's form"
+        if name in self.voice_names:
+            return f"name {name!r} is one of the config's voice names ({', '.join(self.voice_names.names)}): choose another"
+        return None
 
     def unknown_voice(self, name: str) -> str:
         """The message for a request naming no voice: every voice it could have named."""

@@ -58,7 +58,7 @@ async def list_audio_voices(request: Request) -> Response:
     except VoiceStoreUnavailableError as exc:
         s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
         return error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
-    for i in infos:
-        voices.append({"id": i.voice_id, "name": i.name, "kind": "uploaded", "seconds": i.seconds, "n_vq": i.n_vq,
-                       "description": "an uploaded clip"})  # fmt: skip
+    for i in infos:  # designed ones (POST /v1/voices/design) say what they were made from
+        voices.append({"id": i.voice_id, "name": i.name, "kind": "designed" if i.description else "uploaded",
+                       "seconds": i.seconds, "n_vq": i.n_vq, "description": i.description or "an uploaded clip"})  # fmt: skip
     return JSONResponse({"voices": voices})

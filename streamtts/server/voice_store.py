@@ -99,6 +99,7 @@ class StoredVoice(msgspec.Struct, kw_only=True):
     name: str = ""
     stored_at: float = 0.0  # unix time
     version: int = 1
+    description: str = ""  # a designed voice's description (empty: an uploaded clip)
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -116,6 +117,7 @@ def encode_voice(voice: Voice) -> bytes:
             n_vq=int(c.shape[1]),
             name=voice.name,
             stored_at=time.time(),
+            description=voice.description,
         )
     )
 
@@ -132,12 +134,12 @@ def decode_voice(data: bytes) -> Voice:
             f"{v.frames} x {v.n_vq} codes"
         )
     codes = np.frombuffer(v.codes, dtype="<u2").reshape(v.frames, v.n_vq).astype(np.int64)
-    return Voice(codes=codes, name=v.name)
+    return Voice(codes=codes, name=v.name, description=v.description)
 
 
 def stored_size(voice: Voice) -> int:
     """Bytes of the value :func:`encode_voice` writes, without writing it."""
-    return int(np.asarray(voice.codes).size) * 2 + 64 + len(voice.name.encode())
+    return int(np.asarray(voice.codes).size) * 2 + 64 + len(voice.name.encode()) + len(voice.description.encode())
 
 
 def redact_url(url: str) -> str:

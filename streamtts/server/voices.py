@@ -91,6 +91,7 @@ class VoiceInfo:
     name: str
     cached: bool  # True when the clip was already known (not encoded again)
     n_vq: int = 0  # codebooks per frame of its codes
+    description: str = ""  # a designed voice's description (empty: an uploaded clip)
 
 
 class LocalVoices:
@@ -273,17 +274,18 @@ class VoiceStore:
             self.local.name(name, there)
         return there
 
-    async def add(self, data: bytes, name: str = "") -> VoiceInfo:
+    async def add(self, data: bytes, name: str = "", description: str = "") -> VoiceInfo:
         """Encode ``data`` (any audio file soundfile reads) unless known; return its id.
-        ``name`` (checked by :func:`valid_voice_name`) then stands for it in requests."""
-        info = await self._add(data, name)
+        ``name`` (checked by :func:`valid_voice_name`) then stands for it in requests;
+        ``description``: what a designed voice was made from."""
+        info = await self._add(data, name, description)
         if name:
             self.local.name(name, info.voice_id)
             if self.shared is not None:
                 await self.shared.name(name, info.voice_id)
         return info
 
-    async def _add(self, data: bytes, name: str) -> VoiceInfo:
+    async def _add(self, data: bytes, name: str, description: str = "") -> VoiceInfo:
         clip = clip_digest(data)
         known = await self._known_clip(clip)
         if known is not None:
@@ -297,7 +299,7 @@ class VoiceStore:
         self._inflight[clip] = fut
         try:
             voice = await self._encode(data)
-            voice = Voice(codes=voice.codes, name=name or voice.name)
+            voice = Voice(codes=voice.codes, name=name or voice.name, description=description)
             vid = voice_id_for(voice.codes)
             size = stored_size(voice)
             if size > self.max_stored_bytes:
@@ -380,6 +382,7 @@ def _info(vid: str, v: Voice, cached: bool) -> VoiceInfo:
         name=v.name,
         cached=cached,
         n_vq=int(v.codes.shape[1]),
+        description=v.description,
     )
 
 

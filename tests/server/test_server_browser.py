@@ -22,17 +22,6 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--autoplay-policy=no-user-gesture-required",
-]
 TEXT = (
     "Hello from the browser page, this is the first sentence. "
     "Here comes the second sentence, right after the first one. "
@@ -43,25 +32,6 @@ TEXT = (
 @pytest.fixture(scope="module")
 def server(serve: Any) -> Any:
     return serve("--max-streams", "4", "--max-sessions", "4", "--n-threads", "2")
-
-
-@pytest.fixture
-def page(tmp_path: Path) -> Any:
-    if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is not installed (/usr/bin/chromium): apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),  # a new, empty user data dir
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-        )
-        try:
-            yield ctx.new_page()
-        finally:
-            ctx.close()
 
 
 # The page's head start before playback. Its default (0.1 s) is for a dedicated machine; the test

@@ -305,6 +305,33 @@ async function upload(file) {
   }
 }
 
+// -- voices: designed from a description (the server's MOSS-VoiceGenerator) -----------------------
+async function design() {
+  const token = $("token").value.trim();
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const description = $("design-text").value.trim();
+  const name = $("design-name").value.trim();
+  stats.design = { state: "designing", description };
+  $("design-status").textContent = "designing…";
+  $("design").disabled = true;
+  try {
+    const resp = await fetch("/v1/voices/design",
+                             { method: "POST", headers, body: JSON.stringify({ description, name }) });
+    const body = await resp.json();
+    if (!resp.ok) throw new Error(body.error ? body.error.message : `HTTP ${resp.status}`);
+    stats.design = { state: "done", ...body };
+    $("voice").value = body.name || body.voice_id;
+    loadVoices();
+    $("design-status").textContent = `voice ${body.name || body.voice_id} (${body.seconds.toFixed(1)} s): in use`;
+  } catch (err) {
+    stats.design = { state: "error", error: String(err.message || err) };
+    $("design-status").textContent = `design failed: ${stats.design.error}`;
+  } finally {
+    $("design").disabled = false;
+  }
+}
+
 // -- voices: the server's list, offered by the voice field --------------------------------------
 async function loadVoices() {
   const token = $("token").value.trim();
@@ -316,10 +343,13 @@ async function loadVoices() {
     list.replaceChildren();
     for (const v of (await resp.json()).voices) {
       const opt = document.createElement("option");
-      opt.value = v.kind === "uploaded" && v.name ? v.name : v.id;
+      const stored = v.kind === "uploaded" || v.kind === "designed";
+      opt.value = stored && v.name ? v.name : v.id;
       opt.label = v.kind === "uploaded"
         ? `${v.name || v.id}: uploaded, ${v.seconds.toFixed(1)} s`
-        : `${v.id}: ${v.description || "a configured voice"}`;
+        : v.kind === "designed"
+          ? `${v.name || v.id}: designed (${v.description}), ${v.seconds.toFixed(1)} s`
+          : `${v.id}: ${v.description || "a configured voice"}`;
       list.appendChild(opt);
     }
     stats.voices = list.children.length;
@@ -348,6 +378,8 @@ async function loadInfo() {
     stats.info = info;
     loadVoices();
     $("model").textContent = info.model;
+    // voices are designed by a MOSS-VoiceGenerator: the box shows where the server has one
+    $("design-row").hidden = !(info.models || []).some((m) => m.model_kind === "moss-voice-generator");
     if (info.notice) {
       $("notice").textContent = info.notice;
       $("notice").hidden = false;
@@ -358,6 +390,7 @@ async function loadInfo() {
 }
 
 $("speak").addEventListener("click", speak);
+$("design").addEventListener("click", design);
 $("stop").addEventListener("click", stop);
 const qtoken = params.get("token");
 if (qtoken) $("token").value = qtoken;
