@@ -167,6 +167,25 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=serve, check=_check_serve)
 
 
+def _models_file(args: argparse.Namespace) -> None:
+    """``--config`` naming a server config with a ``models:`` map (server/models_file.py):
+    its models become ``--model`` arguments (the command line's flags win)."""
+    from ..server.models_file import read_models_file
+
+    f = read_models_file(args.config) if args.config else None
+    if f is None:
+        return
+    if args.model:
+        raise UsageError(f"--config {args.config} names models (`models:`) and --model gives more: use one of them")
+    for mid in f.models:
+        if not _MODEL_ID.fullmatch(mid):
+            raise UsageError(f"--config {args.config}: model id {mid!r}: 1-64 letters, digits, '.', '_' or '-'")
+    args.model, args.config = list(f.models.items()), None
+    args.on_demand = args.on_demand or f.on_demand
+    if args.idle_unload is None:
+        args.idle_unload = f.idle_unload
+
+
 def model_arg(text: str) -> tuple[str, str]:
     """``ID=CONFIG`` of ``--model``."""
     mid, sep, path = text.partition("=")
@@ -180,6 +199,7 @@ def model_arg(text: str) -> tuple[str, str]:
 def _check_serve(args: argparse.Namespace) -> None:
     from .common import check_config
 
+    _models_file(args)
     check_config(args)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: ports are 0-65535 (0 = any free one)")

@@ -186,3 +186,29 @@ def test_a_model_that_cannot_load_fails_its_request_only(members: dict[str, Path
         assert srv.health()["status"] == "ok" and not _models(srv)["broken"]["loaded"]
     finally:
         stop_server(srv)
+
+
+def test_a_server_config_names_the_models(members: dict[str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``serve --config server.yaml`` with a ``models:`` map (paths relative to the file)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "server.yaml").write_text(
+        "models:\n"
+        f"  dialog: {os.path.relpath(members['dialog'], tmp_path)}\n"
+        f"  tts: {members['tts']}\n"
+        "on_demand: true\n",
+        encoding="utf-8",
+    )
+    srv = _serve(tmp_path_factory, "--config", str(tmp_path / "server.yaml"))
+    try:
+        listed = _models(srv)
+        assert list(listed) == ["dialog", "tts"] and listed["dialog"]["loaded"] and not listed["tts"]["loaded"]
+        assert _speech(srv, "tts", "Hello there.").status_code == 200
+    finally:
+        stop_server(srv)
+    (tmp_path / "bad.yaml").write_text("models: [tts]\n", encoding="utf-8")
+    res = subprocess.run([sys.executable, "-m", "streamtts", "serve", "--port", "0", "--config", str(tmp_path / "bad.yaml")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2 and "a server config (it has `models:`)" in res.stderr, res.stderr
