@@ -4,7 +4,8 @@
     python benchmarks/ws_load.py --config /tmp/mid/config.yaml --load 0.5 1 2 --out load.json
 
 1. Start ``streamtts serve`` on loopback (or use ``--server``), with ``--max-streams`` and
-   any ``--server-arg``s.
+   any ``--server-arg``s (e.g. ``--server-arg=--chunk-frames --server-arg=2,4,8``: a chunk
+   policy; ``--playback-buffer-ms`` has the sessions declare a playback buffer).
 2. Sessions arrive as a Poisson process (exponential gaps, seeded) for ``--duration``
    seconds. Each speaks ``--min-sentences`` to ``--max-sentences`` sentences (drawn
    uniformly; on the demo models a sentence is about 3.5 s of audio): ``start``, the
@@ -53,14 +54,20 @@ def sentences(n: int, seed: int) -> str:
     return " ".join(f"Session {seed} says sentence number {i}, spoken as its own segment." for i in range(n))
 
 
-async def session(url: str, text: str, seed: int, ahead_s: float | None = 2.0) -> dict[str, Any]:
+async def session(
+    url: str, text: str, seed: int, ahead_s: float | None = 2.0, buffer_ms: float | None = None
+) -> dict[str, Any]:
     """One session; ``ahead_s``: a real-time listener holding at most that much audio beyond
-    its playback clock (None: it reads everything as it comes)."""
+    its playback clock (None: it reads everything as it comes); ``buffer_ms``: the playback
+    buffer its ``start`` declares (None: none declared)."""
+    start: dict[str, Any] = {"type": "start", "seed": seed}
+    if buffer_ms is not None:
+        start["playback_buffer_ms"] = buffer_ms
     t_connect = time.monotonic()
     out: dict[str, Any] = {"arrivals": [], "outcome": "failed"}
     try:
         async with websockets.connect(url, max_size=None, compression=None, open_timeout=30) as ws:
-            await ws.send(json.dumps({"type": "start", "seed": seed}))
+            await ws.send(json.dumps(start))
             t_text = time.monotonic()
             await ws.send(json.dumps({"type": "text", "text": text}))
             await ws.send(json.dumps({"type": "end"}))
@@ -127,7 +134,7 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
         await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
         n = rng.randint(a.min_sentences, a.max_sentences)
         sid = seed * 10_000 + i
-        tasks.append(asyncio.create_task(session(url, sentences(n, sid), sid, a.ahead)))
+        tasks.append(asyncio.create_task(session(url, sentences(n, sid), sid, a.ahead, a.playback_buffer_ms)))
         i += 1
     res = await asyncio.gather(*tasks)
     wall = time.monotonic() - t0
@@ -231,6 +238,10 @@ if __name__ == "__main__":
     p.add_argument("--max-sentences", type=int, default=12)
     p.add_argument("--ahead", type=float, default=2.0, help="a listener's read-ahead beyond its playback clock (s)")
     p.add_argument("--fast-reader", dest="ahead", action="store_const", const=None, help="read everything as it comes")
+    p.add_argument(
+        "--playback-buffer-ms", type=float,
+        help="the playback buffer each session's `start` declares (playback_buffer_ms; default: none)",
+    )  # fmt: skip
     p.add_argument("--out", help="write the results as JSON")
     args = p.parse_args()
     result = asyncio.run(main(args))

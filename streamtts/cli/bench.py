@@ -30,16 +30,20 @@ from ..model.backbone import KV_PAD
 log = logging.getLogger(__name__)
 
 
+# a stream's chunk sizes (StreamOptions.chunk_frames); None: the config's
+Policy = tuple[int, ...] | None
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     return float(np.percentile(np.asarray(values), q))
 
 
-async def _one(engine: Any, text: str, frames: int, seed: int) -> dict[str, Any]:
+async def _one(engine: Any, text: str, frames: int, seed: int, chunks: Policy = None) -> dict[str, Any]:
     from ..request import StreamOptions
 
-    s = engine.stream(text, options=StreamOptions(seed=seed, fixed_frames=frames))
+    s = engine.stream(text, options=StreamOptions(seed=seed, fixed_frames=frames, chunk_frames=chunks))
     n = 0
     arrivals = []  # (when, audio seconds): what a listener would hear (audio/continuity.py)
     async with s:
@@ -77,15 +81,17 @@ def _level_row(
     }
 
 
-async def run_level(engine: Any, concurrency: int, frames: int, text: str) -> dict[str, Any]:
+async def run_level(engine: Any, concurrency: int, frames: int, text: str, chunks: Policy = None) -> dict[str, Any]:
     t0 = time.monotonic()
-    results = await asyncio.gather(*(_one(engine, text, frames, 1000 + i) for i in range(concurrency)))
+    results = await asyncio.gather(*(_one(engine, text, frames, 1000 + i, chunks) for i in range(concurrency)))
     wall = time.monotonic() - t0
     total = sum(r["frames_received"] for r in results)
     return _level_row(concurrency, "burst", frames, wall, total, list(results))
 
 
-async def run_level_joining(engine: Any, concurrency: int, frames: int, text: str, joiners: int) -> dict[str, Any]:
+async def run_level_joining(
+    engine: Any, concurrency: int, frames: int, text: str, joiners: int, chunks: Policy = None
+) -> dict[str, Any]:
     """Streams joining a busy engine: ``concurrency - 1`` long streams run (read as fast as
     produced, as a server pushes to clients that buffer); once each is 1.5 s ahead of a
     real-time listener, ``joiners`` streams join one after another. TTFA/RTF are the
@@ -97,7 +103,7 @@ async def run_level_joining(engine: Any, concurrency: int, frames: int, text: st
     ready = [asyncio.Event() for _ in range(concurrency - 1)]
 
     async def background(i: int) -> None:
-        s = engine.stream(text, options=StreamOptions(seed=500 + i, fixed_frames=1_000_000))
+        s = engine.stream(text, options=StreamOptions(seed=500 + i, fixed_frames=1_000_000, chunk_frames=chunks))
         t0 = 0.0
         async with s:
             async for c in s:
@@ -115,7 +121,7 @@ async def run_level_joining(engine: Any, concurrency: int, frames: int, text: st
         await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in ready)), 120)
         state["counting"], late0 = True, state["late"]
         t0 = time.monotonic()
-        results = [await _one(engine, text, frames, 1000 + i) for i in range(joiners)]
+        results = [await _one(engine, text, frames, 1000 + i, chunks) for i in range(joiners)]
         wall = time.monotonic() - t0
         state["counting"] = False
     finally:
@@ -141,6 +147,8 @@ def _make_engine(args: argparse.Namespace, levels: list[int]) -> Any:
         n_threads=args.n_threads,
         decode_context_frames=args.context_frames,
         tick_threads=args.tick_threads,
+        # one policy: the engine's own (the kernel side's codec decodes its chunks too)
+        chunk_frames=list(args.chunk_frames[0]) if args.chunk_frames and len(args.chunk_frames) == 1 else None,
     )
     if args.null_codec:
         engine.codec_factory = null_codec_factory
@@ -170,6 +178,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
     runs: list[dict[str, Any]] = []
     kbs: list[dict[str, Any]] = []
+    # --chunk-frames: policies compared in one engine, each level's policies back to back
+    policies: list[Policy] = list(args.chunk_frames) if args.chunk_frames and len(args.chunk_frames) > 1 else [None]
     for _ in range(sessions):
         engine = _make_engine(args, levels)
         session: list[dict[str, Any]] = []
@@ -178,12 +188,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             await run_level(engine, 1, 40, args.text)  # warm-up
             for _ in range(reps):  # levels interleaved, so drift spreads over all of them
                 for n in levels:
-                    if args.arrival == "joining":
-                        res = await run_level_joining(engine, n, args.frames, args.text, args.joiners)
-                    else:
-                        res = await run_level(engine, n, args.frames, args.text)
-                    session.append(res)
-                    log.info("concurrency %d: %s", n, res)
+                    for chunks in policies:
+                        session.append(await _run_one_level(engine, args, n, chunks))
             out["step_profile_ms"] = engine.step_profile()
         runs += session
         if paired:
@@ -198,12 +204,20 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 r["engine_vs_kernel_codec_throughput"] = round(
                     r["aggregate_frames_per_s"] / k["frames_per_s_with_codec"], 3
                 )
-    out["levels"] = [_median_row([r for r in runs if r["concurrency"] == n]) for n in levels]
+    names = [_policy_name(p or engine.config.chunk_frames) for p in policies]
+    out["levels"] = [
+        _median_row([r for r in runs if r["concurrency"] == n and r["chunk_frames"] == name])
+        for n in levels
+        for name in names
+    ]
     if args.repeat > 1:
         out["runs"] = runs
-    base = next((lv for lv in out["levels"] if lv["concurrency"] == 1), None)
-    if base:
-        for lv in out["levels"]:
+    for name in names:
+        rows = [lv for lv in out["levels"] if lv["chunk_frames"] == name]
+        base = next((lv for lv in rows if lv["concurrency"] == 1), None)
+        if base is None:
+            continue
+        for lv in rows:
             lv["throughput_vs_1"] = round(lv["aggregate_frames_per_s"] / base["aggregate_frames_per_s"], 2)
             lv["ttfa_p95_vs_1"] = round(lv["ttfa_ms_p95"] / base["ttfa_ms_p95"], 2)
     out["arrival"] = args.arrival
@@ -218,6 +232,21 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for key in ("engine_vs_kernel_throughput", "engine_vs_kernel_codec_throughput"):
                 lv[key] = round(lv[key], 2)  # the median of the sessions' ratios
     return out
+
+
+async def _run_one_level(engine: Any, args: argparse.Namespace, n: int, chunks: Policy) -> dict[str, Any]:
+    """One level (``n`` streams) of one chunk policy, its row naming the policy."""
+    if args.arrival == "joining":
+        res = await run_level_joining(engine, n, args.frames, args.text, args.joiners, chunks)
+    else:
+        res = await run_level(engine, n, args.frames, args.text, chunks)
+    res["chunk_frames"] = _policy_name(chunks or engine.config.chunk_frames)
+    log.info("concurrency %d, chunks %s: %s", n, res["chunk_frames"], res)
+    return res
+
+
+def _policy_name(chunks: tuple[int, ...] | list[int]) -> str:
+    return ",".join(str(c) for c in chunks)
 
 
 def _median_kernel(kbs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -432,6 +461,7 @@ def codec_bound(engine: Any, levels: list[int], frames: int) -> dict[int, float]
 # (key in a level row, column header); the legend below says what they mean
 COLUMNS = [
     ("concurrency", "streams"),
+    ("chunk_frames", "chunks"),
     ("aggregate_frames_per_s", "frames/s"),
     ("throughput_vs_1", "x1"),
     ("ttfa_ms_p50", "TTFA p50 ms"),
@@ -461,7 +491,8 @@ LEGEND = (
     "advance one frame). ms/tick: wall time per tick from a stream's first audio to its last "
     "(all the machine did meanwhile: routing, the codec, the other threads). C50/C100/C200: "
     "streams a real-time listener, playing from its first audio plus a 50/100/200 ms buffer, "
-    "hears without an underrun; underrun p95: the p95 of each stream's longest underrun at 100 ms."
+    "hears without an underrun; underrun p95: the p95 of each stream's longest underrun at 100 ms. "
+    "chunks: the frames of a stream's first chunk, then the ramp (the last repeating)."
 )
 KERNEL_LEGEND = (
     " kernel: bare llama.cpp decodes of N rows, the ratios a perfect scheduler would reach; "
@@ -504,8 +535,8 @@ def print_table(res: dict[str, Any]) -> None:
         t = Table(title=title, box=box.SIMPLE_HEAD)
         t.add_column("streams", no_wrap=True)
         for lv in res["levels"]:
-            t.add_column(str(lv["concurrency"]), justify="right", no_wrap=True)
-        for key, header in cols[1:]:
+            t.add_column(f"{lv['concurrency']} ({lv['chunk_frames']})", justify="right", no_wrap=True)
+        for key, header in cols[2:]:
             t.add_row(header, *(_cell(lv, key) for lv in res["levels"]))
     console.print(t)
     console.print(legend, style="dim")
@@ -523,6 +554,8 @@ def _cell(level: dict[str, Any], key: str) -> str:
 
 
 def add_parser(sub: Any) -> None:
+    from .common import chunk_list
+
     p = sub.add_parser(
         "bench", help="benchmark N concurrent fixed-length streams (median / p95)",
         description="N concurrent fixed-length streams: throughput, time to first audio and "
@@ -560,6 +593,12 @@ def add_parser(sub: Any) -> None:
         help="also time bare llama.cpp decodes of N rows (same GGUF and threads): the ratios a "
         "perfect scheduler would reach, and the engine's share of that throughput",
     )
+    p.add_argument(
+        "--chunk-frames", type=chunk_list, nargs="+", metavar="SIZES",
+        help="chunk policies to compare in one run, each the frames of the first chunk then the "
+        "ramp, joined by commas (e.g. 1,2,4,8 2,4,8 4,8): every level runs once per policy, "
+        "back to back; default: the config's chunk_frames",
+    )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write every number as JSON to FILE (- = stdout, after the table)")
     p.set_defaults(handler=_main, check=_check)
 
@@ -575,6 +614,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--kernel-bound times the real codec beside llama.cpp: drop --null-codec")
     if args.tick_threads is not None and args.tick_threads < 0:
         raise UsageError("--tick-threads must be >= 0 (0 = automatic)")
+    if args.kernel_bound and args.chunk_frames and len(args.chunk_frames) > 1:
+        raise UsageError("--kernel-bound times the codec for one chunk policy: give one --chunk-frames")
     if any(n < 1 for n in args.concurrency) or args.frames < 1 or args.repeat < 1 or args.joiners < 1:
         raise UsageError("--concurrency levels, --frames, --repeat and --joiners must be >= 1")
 

@@ -332,3 +332,14 @@ def non_negative_int(text: str) -> int:
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
+
+
+def chunk_list(text: str) -> tuple[int, ...]:
+    """``1,2,4,8`` (``--chunk-frames``): chunk sizes in frames, each >= 1."""
+    try:
+        sizes = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give frames >= 1 joined by commas, e.g. 1,2,4,8")
+    return sizes

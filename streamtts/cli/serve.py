@@ -68,7 +68,7 @@ def _add_flags(p: argparse.ArgumentParser, flags: Flags, defaults: object) -> No
 
 
 def add_parser(sub: Any) -> None:
-    from .common import add_model_args
+    from .common import add_model_args, chunk_list
 
     p: argparse.ArgumentParser = sub.add_parser(
         "serve",
@@ -99,6 +99,11 @@ def add_parser(sub: Any) -> None:
         "--first-audio-deadline", type=float,
         help="capacity admission: seconds a new stream may wait for a slot; refused at once "
         "(overloaded, 1013 / HTTP 503 + Retry-After) when it would wait longer (default 3)",
+    )  # fmt: skip
+    p.add_argument(
+        "--chunk-frames", type=chunk_list, metavar="SIZES",
+        help="frames of a stream's first chunk, then the ramp, joined by commas (the last "
+        "repeats; e.g. 1,2,4,8): override the config's chunk_frames",
     )  # fmt: skip
     p.add_argument(
         "--max-sessions", type=int, help="sessions at once (default: the engine's max_streams)"
@@ -298,6 +303,7 @@ def _model_spec(args: argparse.Namespace, model_id: str, config: str | None, *, 
             admission=args.admission,
             realtime_margin=args.realtime_margin,
             first_audio_deadline_s=args.first_audio_deadline,
+            chunk_frames=list(args.chunk_frames) if args.chunk_frames else None,
         )
         if args.admission is None and not engine.config.is_set("admission"):
             engine.config.admission = "capacity"  # a server keeps what it admits in real time

@@ -2,9 +2,10 @@
 
 Beside the scheduler's slack rule (scheduler.py decides who steps), this decides what a step's
 frames become. Every tick each stepped stream may complete a frame; the frames wait in the
-slot table until the stream's chunk is due -- at its chunk target (``chunk_frames``: small
-first, larger after) or earlier, when a real-time listener started at the stream's first
-chunk would run dry waiting for the rest -- or until the stream ends: it sampled the end of
+slot table until the stream's chunk is due -- at its chunk target (``chunk_frames``: the
+first chunk, then the ramp; a stream may have its own, :meth:`ChunkPolicy.chunks_for`) or,
+once its first chunk went out, earlier, when a real-time listener started at that chunk
+would run dry waiting for the rest -- or until the stream ends: it sampled the end of
 speech (``stop``), its last frame is complete (``audio_end``), it reached ``max_new_tokens``,
 or its context is full (``context_full``). It reads the slot table and the delay states and
 makes decode jobs; it calls no backbone and starts no thread, so it is tested with made-up
@@ -13,16 +14,38 @@ streams (tests/engine/test_chunk_policy.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..constants import FRAME_S
 from ..core.delay_state import DelayStates
+from ..request import PreparedRequest
 from .decoding import DecodeJob
 from .slot_table import SlotTable
 
-__all__ = ["ChunkPolicy"]
+__all__ = ["REFERENCE_BUFFER_S", "ChunkPolicy", "first_chunk_frames"]
+
+# The playback buffer the configured first chunk is chosen for: C100's, 100 ms
+# (docs/perf.md, "The first chunk"). A client that says it holds more gets a smaller one.
+REFERENCE_BUFFER_S = 0.1
+
+
+def first_chunk_frames(chunk_frames: Sequence[int], playback_buffer_s: float) -> tuple[int, ...]:
+    """The chunk sizes for a client that plays from its first audio plus ``playback_buffer_s``
+    (0: it did not say): the first chunk one frame smaller for every whole frame (80 ms) its
+    buffer holds beyond :data:`REFERENCE_BUFFER_S`, at least one frame; the ramp unchanged.
+
+    Why: at the start a listener has the first chunk and its buffer to play while the next
+    chunk is generated; the first chunk is sized so that, with a 100 ms buffer, that covers
+    the wait at capacity. Audio the client buffers anyway covers it as well, and every frame
+    less in the first chunk is a tick less before the first audio."""
+    sizes = tuple(int(c) for c in chunk_frames)
+    extra = int(math.floor((playback_buffer_s - REFERENCE_BUFFER_S) / FRAME_S + 1e-9))
+    if extra <= 0:
+        return sizes
+    return (max(1, sizes[0] - extra), *sizes[1:])
 
 
 class ChunkPolicy:
@@ -45,13 +68,17 @@ class ChunkPolicy:
         self.states = states
         self.n_vq = states.ids.n_vq
         self.n_ctx_seq = n_ctx_seq
-        self.chunk_frames = list(chunk_frames)
-        self._chunk_arr = np.asarray(self.chunk_frames, dtype=np.int64)  # the same, for due()
+        self.chunk_frames = tuple(int(c) for c in chunk_frames)  # a stream's own: chunks_for
         self.tick_s = 0.0  # moving average of the tick time
         self.decode_margin_s = 0.05  # time allowed for a decode window to reach the listener
         self._submit = submit
         self._free = free
         self._no_rows = np.zeros((0, 1 + self.n_vq), dtype=np.int64)
+
+    def chunks_for(self, req: PreparedRequest) -> tuple[int, ...]:
+        """The chunk sizes of ``req``'s stream: its own (a benchmark's) or the config's, the
+        first made smaller for a client's larger playback buffer (:func:`first_chunk_frames`)."""
+        return first_chunk_frames(req.chunk_frames or self.chunk_frames, req.playback_buffer_s)
 
     def observe_tick(self, seconds: float) -> None:
         """One more tick took ``seconds`` (the lateness rule's estimate of the next)."""
@@ -105,14 +132,18 @@ class ChunkPolicy:
 
         A real-time listener started at the first chunk has ``slack`` seconds of
         audio left; waiting for a full chunk costs the remaining frames' ticks plus
-        a decode, so send early when that would exhaust the slack.
+        a decode, so send early when that would exhaust the slack. Before the first chunk
+        no listener plays: the first chunk waits for its target (its size is the policy's
+        choice: first audio sooner against a listener started with more in hand).
         """
         tab = self.slots
         new = tab.pend_n[slots] - tab.warm[slots]
-        target = self._chunk_arr[np.minimum(tab.chunk_index[slots], self._chunk_arr.size - 1)]
+        chunks = tab.chunks
+        target = chunks[slots, np.minimum(tab.chunk_index[slots], chunks.shape[1] - 1)]
         missing = target - new
-        slack = tab.t_first_emit[slots] + tab.frames_sent[slots] * FRAME_S - now
-        late = slack < missing * self.tick_s + self.decode_margin_s
+        sent = tab.frames_sent[slots]
+        slack = tab.t_first_emit[slots] + sent * FRAME_S - now
+        late = (sent > 0) & (slack < missing * self.tick_s + self.decode_margin_s)
         due: np.ndarray = (new > 0) & ((missing <= 0) | late)
         return due
 

@@ -237,7 +237,7 @@ class EngineCore:
     def admit(self, slot: int, req: PreparedRequest) -> None:
         """Start ``req`` in the free ``slot``: its row in the slot table, its delay state, its
         frame assembler, a continuation's prefix frames, and the scheduler's prefill queue."""
-        s = self.slots.reset(slot, req)
+        s = self.slots.reset(slot, req, self.policy.chunks_for(req))
         req.stats.t_admitted = time.monotonic()
         req.stats.prompt_rows = req.prompt.shape[0]
         self.states.reset(slot, req.prompt, req.sampling, req.seed)

@@ -243,7 +243,9 @@ class Preparer:
         t0 = time.monotonic()
         if not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}")
-        sampling = check(options, fixed_frames=options.fixed_frames) or check_sampling(self.cfg.sampling)
+        sampling = check(options, fixed_frames=options.fixed_frames, chunk_frames=options.chunk_frames) or check_sampling(
+            self.cfg.sampling
+        )
         ordered = VoiceRequest(
             reference=reference, speakers=speakers, prefix=prefix, prefix_text=prefix_text, speaker_texts=speaker_texts
         ).check()
@@ -328,5 +330,7 @@ class Preparer:
             prefix_key=prefix_key(prompt, n_prefix) if n_prefix else b"",
             audio_prefix_rows=built.audio_prefix_rows,
             keep_rows=options.rows,
+            chunk_frames=tuple(options.chunk_frames or ()),
+            playback_buffer_s=(options.playback_buffer_ms or 0.0) / 1000.0,
             stats=stats,
         )

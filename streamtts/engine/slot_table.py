@@ -10,6 +10,7 @@ left holding a previous stream's value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +61,9 @@ class SlotTable:
         self.prefix_frames = np.zeros(capacity, dtype=np.int64)  # continuation: the prefix's frames
         self.frames_sent = np.zeros(capacity, dtype=np.int64)  # frames handed to the decode thread
         self.chunk_index = np.zeros(capacity, dtype=np.int64)  # chunks sent so far (picks the size)
+        # each stream's chunk sizes: chunks[slot, i] frames for its chunk i, the last column
+        # repeating (streams may differ: a client's playback buffer, a benchmark's policy)
+        self.chunks = np.ones((capacity, 1), dtype=np.int64)
         self.t_first_emit = np.zeros(capacity, dtype=np.float64)
         # frames_sent when backpressure last looked at the slot (-1: not yet): see Scheduler
         self.bp_seen = np.full(capacity, -1, dtype=np.int64)
@@ -125,11 +129,20 @@ class SlotTable:
         self.pend_n[slot] = self.warm[slot] = 0
         return codes
 
-    def reset(self, slot: int, req: PreparedRequest) -> Stream:
-        """Give ``slot`` to ``req``: every column starts fresh."""
+    def set_chunks(self, slot: int, sizes: Sequence[int]) -> None:
+        """``slot``'s chunk sizes (the last repeating); the columns grow for a longer list."""
+        n, have = len(sizes), self.chunks.shape[1]
+        if n > have:  # every other row repeats its last size into the new columns
+            self.chunks = np.concatenate([self.chunks, np.repeat(self.chunks[:, -1:], n - have, axis=1)], axis=1)
+        self.chunks[slot, :n] = sizes
+        self.chunks[slot, n:] = sizes[-1]
+
+    def reset(self, slot: int, req: PreparedRequest, chunks: Sequence[int] = (1,)) -> Stream:
+        """Give ``slot`` to ``req``, its chunks of ``chunks`` frames: every column starts fresh."""
         self._active += self.streams[slot] is None
         s = self.streams[slot] = Stream(req)
         self._clear(slot)
+        self.set_chunks(slot, chunks)
         self.max_new[slot] = req.max_new_tokens
         self.fixed[slot] = -1 if req.fixed_frames is None else req.fixed_frames
         self.n_fixed += req.fixed_frames is not None
@@ -164,5 +177,6 @@ class SlotTable:
         self.prefix_frames[slot] = 0
         self.frames_sent[slot] = 0
         self.chunk_index[slot] = 0
+        self.chunks[slot] = 1
         self.t_first_emit[slot] = 0.0
         self.bp_seen[slot] = -1

@@ -42,6 +42,10 @@ class GenerationFields(PromptFields, frozen=True, kw_only=True):
     # Estimated word times on the chunks (AudioChunk.words): "words" or "chars" (the server
     # sends character times too); None / "none": off.
     timestamps: str | None = None
+    # The audio the client holds before it starts playing (ms): a client that buffers more
+    # than the engine's first chunk assumes may get a smaller first chunk, so its first audio
+    # comes sooner (engine/chunk_policy.py first_chunk_frames). None: the engine's chunks.
+    playback_buffer_ms: float | None = None
 
 
 PROMPT_FIELDS: tuple[str, ...] = PromptFields.__struct_fields__

@@ -33,4 +33,6 @@ class PreparedRequest:
     keep_rows: bool = False  # StreamOptions.rows: hand the raw generated rows out on the chunks
     # a session's next segment: starts before new streams and is never refused for capacity
     priority: bool = False
+    chunk_frames: tuple[int, ...] = ()  # StreamOptions.chunk_frames; () = the config's
+    playback_buffer_s: float = 0.0  # the client's playback buffer (0: not said)
     stats: StreamStats = field(default_factory=StreamStats)

@@ -8,18 +8,22 @@ an error code, HTTP to a 400 naming ``param``, the CLI to its flag.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 
 from ..config import SamplingParams
 from ..errors import FieldError, SamplingError
 from .fields import PROMPT_FIELDS, GenerationFields
 
 __all__ = [
+    "MAX_PLAYBACK_BUFFER_MS",
     "MAX_SEED",
     "TIMESTAMP_MODES",
     "FieldError",
     "check",
+    "check_chunk_frames",
     "check_language",
+    "check_playback_buffer",
     "check_sampling",
     "check_timestamps",
     "check_written",
@@ -28,10 +32,15 @@ __all__ = [
 
 MAX_SEED = 1 << 63  # seeds are in [0, 2**63)
 TIMESTAMP_MODES = ("none", "words", "chars")
+# a minute: more is no player's buffer but a unit mistaken (seconds x 1000 twice)
+MAX_PLAYBACK_BUFFER_MS = 60_000.0
 
 
-def check(fields: GenerationFields, *, fixed_frames: int | None = None) -> SamplingParams | None:
-    """Every field rule on ``fields``; the sampling, validated (None when not set)."""
+def check(
+    fields: GenerationFields, *, fixed_frames: int | None = None, chunk_frames: Sequence[int] | None = None
+) -> SamplingParams | None:
+    """Every field rule on ``fields`` (and the Python API's ``fixed_frames`` and
+    ``chunk_frames``, StreamOptions); the sampling, validated (None when not set)."""
     check_language(fields.language)
     if fields.tokens is not None and fields.tokens < 1:
         raise FieldError("tokens", f"tokens (duration in frames) must be >= 1, got {fields.tokens}")
@@ -42,6 +51,8 @@ def check(fields: GenerationFields, *, fixed_frames: int | None = None) -> Sampl
     if fixed_frames is not None and fixed_frames < 1:
         raise FieldError("fixed_frames", f"fixed_frames must be >= 1, got {fixed_frames}")
     check_timestamps(fields.timestamps)
+    check_playback_buffer(fields.playback_buffer_ms)
+    check_chunk_frames(chunk_frames)
     return None if fields.sampling is None else check_sampling(fields.sampling)
 
 
@@ -51,6 +62,25 @@ def check_sampling(sampling: SamplingParams) -> SamplingParams:
         return sampling.validate()
     except SamplingError as exc:
         raise FieldError(f"sampling.{exc.field}", f"sampling.{exc}") from exc
+
+
+def check_playback_buffer(value: float | None) -> None:
+    """A client's playback buffer, when given, is a finite number of ms in [0, a minute]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise FieldError("playback_buffer_ms", f"playback_buffer_ms must be a number of milliseconds, got {value!r}")
+    if not 0 <= value <= MAX_PLAYBACK_BUFFER_MS:
+        raise FieldError(
+            "playback_buffer_ms",
+            f"playback_buffer_ms must be in [0, {MAX_PLAYBACK_BUFFER_MS:.0f}] (milliseconds), got {value:g}",
+        )
+
+
+def check_chunk_frames(sizes: Sequence[int] | None) -> None:
+    """A stream's own chunk sizes (StreamOptions.chunk_frames), when given: frames >= 1."""
+    if sizes is not None and (not sizes or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in sizes)):
+        raise FieldError("chunk_frames", f"chunk_frames must be a non-empty list of ints >= 1, got {list(sizes)!r}")
 
 
 def check_language(value: str | None) -> None:

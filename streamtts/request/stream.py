@@ -21,6 +21,9 @@ class StreamOptions(GenerationFields, frozen=True, kw_only=True):
     normalize: bool | None = None
     # Benchmarks only: force exactly this many frames (gen slot until then, then the delay slot).
     fixed_frames: int | None = None
+    # Benchmarks and tests: this stream's chunk sizes in frames (first, then the ramp; the last
+    # repeats) instead of the config's chunk_frames, so that one engine compares policies
+    chunk_frames: tuple[int, ...] | None = None
     # The speaking rate the word-time estimate assumes until the generation ends (voiced
     # 10 ms hops per syllable); None: a prior per script. Set from an earlier generation in
     # the same voice (segmented.py).

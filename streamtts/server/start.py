@@ -45,6 +45,7 @@ def request_options(
         max_new_tokens=mnt,
         normalize=normalize,
         timestamps=None if fields.timestamps in (None, "none") else fields.timestamps,
+        playback_buffer_ms=fields.playback_buffer_ms,
     )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from streamtts.config import SamplingParams
 from streamtts.constants import FRAME_S
 from streamtts.core.delay_state import DelayStates
 from streamtts.core.tokens import TokenIds
-from streamtts.engine.chunk_policy import ChunkPolicy
+from streamtts.engine.chunk_policy import REFERENCE_BUFFER_S, ChunkPolicy, first_chunk_frames
 from streamtts.engine.decoding import DecodeJob
 from streamtts.engine.slot_table import SlotTable
 from streamtts.request import PreparedRequest, StreamStats
@@ -47,12 +48,16 @@ def make(cap: int = 4, chunk_frames: tuple[int, ...] = (2, 4), n_ctx: int = 1000
     return ChunkPolicy(chunk_frames, slots, states, n_ctx, out.jobs.extend, free), slots, states, out
 
 
-def admit(slots: SlotTable, slot: int, rid: int, max_new: int = 100, states: DelayStates | None = None) -> PreparedRequest:
+def admit(
+    slots: SlotTable, slot: int, rid: int, max_new: int = 100, states: DelayStates | None = None,
+    policy: ChunkPolicy | None = None, **fields: Any,
+) -> PreparedRequest:
+    """``req`` (PreparedRequest ``fields`` too) in ``slot``, with the chunks ``policy`` gives it."""
     req = PreparedRequest(
         rid=rid, prompt=np.zeros((4, 1 + K), np.int64), prompt_embd=np.zeros((4, 8), np.float32),
-        sampling=SamplingParams(), seed=0, max_new_tokens=max_new, fixed_frames=None, sink=Sink(),
+        sampling=SamplingParams(), seed=0, max_new_tokens=max_new, fixed_frames=None, sink=Sink(), **fields,
     )  # fmt: skip
-    s = slots.reset(slot, req)
+    s = slots.reset(slot, req, policy.chunks_for(req) if policy is not None else (1,))
     s.fed, s.running = 4, True
     if states is not None:  # generating: neither stopping nor past its last frame (a free slot is stopping)
         states.is_stopping[slot] = False
@@ -68,27 +73,29 @@ def tick(policy: ChunkPolicy, slots: SlotTable, run: list[int], frame: int, now:
     policy.route(r, frames, np.full(r.size, ready), index, now, frame)
 
 
-def test_the_first_frame_goes_out_at_once_then_chunks_at_their_target() -> None:
+def test_the_first_chunk_waits_for_its_size_then_chunks_at_their_target() -> None:
     policy, slots, states, out = make(chunk_frames=(2, 4))
-    admit(slots, 0, rid=1, states=states)
+    admit(slots, 0, rid=1, states=states, policy=policy)
+    policy.tick_s = 1.0  # slow ticks: before the first chunk nobody listens, so nothing is late
     tick(policy, slots, [0], 0, now=10.0)
-    # no listener yet, so nothing to wait for: the first audio goes out with its first frame
-    assert [j.codes[:, 0].tolist() for j in out.jobs] == [[0]]
-    assert slots.chunk_index[0] == 1 and slots.frames_sent[0] == 1
-    assert slots.t_first_emit[0] == 10.0 and slots.audio_due[0] == 10.0 + FRAME_S
-    # the next target is 4 frames, and the listener has 80 ms in hand against fast ticks: it waits
+    assert out.jobs == []
+    tick(policy, slots, [0], 1, now=10.5)
+    assert [j.codes[:, 0].tolist() for j in out.jobs] == [[0, 1]]  # the first chunk: its 2 frames
+    assert slots.chunk_index[0] == 1 and slots.frames_sent[0] == 2
+    assert slots.t_first_emit[0] == 10.5 and slots.audio_due[0] == 10.5 + 2 * FRAME_S
+    # the next target is 4 frames, and the listener has 160 ms in hand against fast ticks: it waits
     policy.tick_s = 0.001
-    for f in range(1, 4):
-        tick(policy, slots, [0], f, now=10.0)
+    for f in range(2, 5):
+        tick(policy, slots, [0], f, now=10.5)
     assert len(out.jobs) == 1
-    tick(policy, slots, [0], 4, now=10.0)
-    assert [j.codes[:, 0].tolist() for j in out.jobs][1] == [1, 2, 3, 4]
-    assert slots.chunk_index[0] == 2 and slots.frames_sent[0] == 5
+    tick(policy, slots, [0], 5, now=10.5)
+    assert [j.codes[:, 0].tolist() for j in out.jobs][1] == [2, 3, 4, 5]
+    assert slots.chunk_index[0] == 2 and slots.frames_sent[0] == 6
 
 
 def test_a_listener_about_to_run_dry_gets_what_there_is() -> None:
     policy, slots, states, out = make(chunk_frames=(1, 8))
-    admit(slots, 0, rid=1, states=states)
+    admit(slots, 0, rid=1, states=states, policy=policy)
     tick(policy, slots, [0], 0, now=10.0)  # the first chunk: one frame, 80 ms of audio
     policy.tick_s = 0.05  # slow ticks: seven more frames would take 0.35 s
     tick(policy, slots, [0], 1, now=10.0)
@@ -134,3 +141,40 @@ def test_the_tick_estimate_follows_the_ticks() -> None:
     for _ in range(100):
         policy.observe_tick(0.02)
     assert abs(policy.tick_s - 0.02) < 1e-6
+
+
+def sizes_sent(policy: ChunkPolicy, slots: SlotTable, out: Out, frames: int) -> list[int]:
+    """The chunk sizes slot 0 sends over ``frames`` ticks with ticks far within a frame's time
+    (no listener is ever late: only the targets decide)."""
+    policy.tick_s = 0.0
+    for f in range(frames):
+        tick(policy, slots, [0], f, now=0.0)
+    return [j.codes.shape[0] for j in out.jobs]
+
+
+def test_a_larger_playback_buffer_gets_a_smaller_first_chunk() -> None:
+    """One frame less for every whole 80 ms beyond the 100 ms the first chunk is chosen for;
+    at least one frame; the ramp after it unchanged."""
+    assert first_chunk_frames((4, 8), 0.0) == (4, 8)  # not said: the configured chunks
+    assert first_chunk_frames((4, 8), REFERENCE_BUFFER_S) == (4, 8)
+    assert first_chunk_frames((4, 8), REFERENCE_BUFFER_S + 0.079) == (4, 8)
+    assert first_chunk_frames((4, 8), REFERENCE_BUFFER_S + FRAME_S) == (3, 8)
+    assert first_chunk_frames((4, 8), 0.34) == (1, 8)  # 240 ms beyond: three frames less
+    assert first_chunk_frames((4, 8), 5.0) == (1, 8)
+    assert first_chunk_frames((1, 2, 4, 8), 5.0) == (1, 2, 4, 8)
+
+
+def test_the_stream_sends_the_chunks_its_buffer_chose() -> None:
+    policy, slots, states, out = make(chunk_frames=(4, 8))
+    admit(slots, 0, rid=1, states=states, policy=policy, playback_buffer_s=0.34)
+    assert sizes_sent(policy, slots, out, 17) == [1, 8, 8]
+
+
+def test_a_stream_may_have_its_own_chunks() -> None:
+    """A benchmark's policy per stream (StreamOptions.chunk_frames): another stream keeps the
+    config's, and a longer list than the table had fits."""
+    policy, slots, states, out = make(chunk_frames=(2, 4))
+    admit(slots, 1, rid=2, states=states, policy=policy)
+    admit(slots, 0, rid=1, states=states, policy=policy, chunk_frames=(3, 1, 2, 5))
+    assert sizes_sent(policy, slots, out, 16) == [3, 1, 2, 5, 5]
+    assert slots.chunks[1].tolist() == [2, 4, 4, 4]
