@@ -138,7 +138,7 @@ def add_voice_parser(sub: Any) -> None:
     from .say import default_server
 
     p: argparse.ArgumentParser = sub.add_parser("voice", help="voices on a server: design one from a description")
-    cmds = p.add_subparsers(dest="voice_cmd", required=True, metavar="{design}")
+    cmds = p.add_subparsers(dest="voice_cmd", required=True, metavar="{design}", help="design: a voice from a description")
     d = cmds.add_parser(
         "design", help="design a voice from a description (the server's MOSS-VoiceGenerator) and store it",
         description="The server's MOSS-VoiceGenerator speaks a sample with DESCRIPTION as its instruction; "

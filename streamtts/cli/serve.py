@@ -349,7 +349,8 @@ async def serve(args: argparse.Namespace) -> int:
         _warn_open(args.host)
     demo_notice(args)
     models_log = logging.getLogger("streamtts.server.models")
-    if not getattr(args, "quiet", False) and models_log.getEffectiveLevel() > logging.INFO:
+    several = len(args.model) > 1
+    if several and not getattr(args, "quiet", False) and models_log.getEffectiveLevel() > logging.INFO:
         models_log.setLevel(logging.INFO)  # a model loaded on demand or unloaded: the operator sees it
     specs = [_model_spec(args, mid, path, on_demand=args.on_demand and i > 0) for i, (mid, path) in enumerate(args.model or [(DEFAULT_MODEL_ID, args.config)])]
     settings = settings_from_args(args, sum(s.config.max_streams for s in specs))

@@ -122,7 +122,7 @@ class ModelSet:
         for m in self.models.values():
             if not m.spec.on_demand:
                 try:
-                    await self._ensure(m)
+                    await self._ensure(m, quiet=True)
                 except ModelLoadError as exc:
                     assert exc.__cause__ is not None
                     raise exc.__cause__ from None
@@ -165,15 +165,16 @@ class ModelSet:
         finally:
             self.release(m)
 
-    async def _ensure(self, m: ServedModel) -> EngineClient:
+    async def _ensure(self, m: ServedModel, *, quiet: bool = False) -> EngineClient:
         if m.engine is not None:
             return m.engine
         async with m.lock:
             if m.engine is None:
-                m.engine = await self._load(m)
+                m.engine = await self._load(m, quiet)
             return m.engine
 
-    async def _load(self, m: ServedModel) -> EngineClient:
+    async def _load(self, m: ServedModel, quiet: bool = False) -> EngineClient:
+        """``quiet``: a failure is the caller's to report (at start: the server's error)."""
         t0 = time.monotonic()
         log.info("loading model %s (%s) ...", m.id, m.spec.kind or "?")
         try:
@@ -185,7 +186,8 @@ class ModelSet:
                 await engine.generate(WARMUP_TEXT, seed=0, max_new_tokens=48)
                 engine.forget_ticks()  # its ticks paid one-off costs (admission by capacity)
         except Exception as exc:
-            log.error("model %s could not be loaded: %s", m.id, exc)
+            if not quiet:
+                log.error("model %s could not be loaded: %s", m.id, exc)
             raise ModelLoadError(m.id, exc) from exc
         m.loads += 1
         m.idle_since = time.monotonic()
