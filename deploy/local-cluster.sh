@@ -3,6 +3,8 @@
 #
 #   deploy/local-cluster.sh up [N] [--config CFG.yaml] [--bind HOST:PORT] [--image [REF]] [-- SERVE_ARGS...]
 #       start Redis, N replicas (default 2) and HAProxy; --image: the replicas from the container image
+#   deploy/local-cluster.sh up --replica "ID=CFG.yaml [ID=CFG.yaml ...]" --replica ... [-- SERVE_ARGS...]
+#       one replica per --replica, serving those models; HAProxy routes on the model
 #   deploy/local-cluster.sh status      print the same JSON line (exit 1 naming any process gone)
 #   deploy/local-cluster.sh down        stop exactly what `up` started
 #
@@ -11,6 +13,14 @@
 # synthetic demo model. SERVE_ARGS go to every `streamtts serve` (e.g. --max-sessions 4
 # --drain-timeout 10). redis-server and haproxy come from the distribution's packages and are
 # installed (apt-get, as root or with sudo) when missing.
+#
+# Replicas serving different model sets (--replica, repeatable; instead of N and --config): each
+# `--replica "tts=A.yaml dialog=B.yaml"` is one replica run with `--model tts=A.yaml --model
+# dialog=B.yaml`; the same id must name the same config everywhere. HAProxy then routes each
+# request to the replicas serving the model it names in the URL's ?model=ID or the X-Model
+# header (deploy/haproxy.cfg says how and why); naming none, the default model: the first id of
+# the first --replica. Voices are shared through Redis as always. cluster.json then also has
+# "models" (every id, the default first) and each replica's "models".
 #
 # The run folder (${STREAMTTS_CLUSTER_DIR:-.cluster} in the repository) holds the logs,
 # redis.conf, haproxy.cfg, the PIDs (pids, NAME.pid), each process's exit status once it has
@@ -48,7 +58,7 @@ die() { echo "local-cluster.sh: $*" >&2; exit 1; }
 note() { echo "==> $*" >&2; }
 
 usage() {
-    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -152,13 +162,15 @@ wait_port() {
     die "replica $pid printed no port after ${limit} s (log $log)"
 }
 
-# wait_haproxy SOCKET N SECONDS: until N servers are UP after a passed check
+# wait_haproxy SOCKET N SECONDS [BACKEND:N ...]: until N servers of `replicas` (or of each
+# BACKEND given, N each) are UP after a passed check
 wait_haproxy() {
-    "$PY" - "$1" "$2" "$3" <<'PYEOF'
+    "$PY" - "$@" <<'PYEOF'
 import csv, socket, sys, time
 path, n, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+want = dict((b, int(k)) for b, k in (a.rsplit(":", 1) for a in sys.argv[4:])) or {"replicas": n}
 deadline = time.monotonic() + limit
-up = 0
+up = {}
 while time.monotonic() < deadline:
     try:
         s = socket.socket(socket.AF_UNIX)
@@ -170,14 +182,14 @@ while time.monotonic() < deadline:
             data += chunk
         s.close()
         rows = list(csv.DictReader(data.decode().lstrip("# ").splitlines()))
-        up = sum(1 for r in rows if r["pxname"] == "replicas" and r["svname"] not in ("FRONTEND", "BACKEND")
-                 and r["status"] == "UP" and r.get("check_status") == "L7OK")
-        if up == n:
+        up = {b: sum(1 for r in rows if r["pxname"] == b and r["svname"] not in ("FRONTEND", "BACKEND")
+                     and r["status"] == "UP" and r.get("check_status") == "L7OK") for b in want}
+        if up == want:
             sys.exit(0)
     except OSError:
         pass
     time.sleep(0.1)
-sys.exit(f"haproxy: {up} of {n} replicas UP after {limit:g} s")
+sys.exit(f"haproxy: servers UP after {limit:g} s: {up}, wanted {want}")
 PYEOF
 }
 
@@ -308,21 +320,49 @@ print_status() {
 }
 
 cmd_up() {
-    local n=2 config="" bind="" image="" serve_args=()
+    local n=2 n_given="" config="" bind="" image="" serve_args=() sets=()
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --config) config="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
+            --replica) [[ $# -ge 2 ]] || die "--replica needs \"ID=CFG.yaml ...\""; sets+=("$2"); shift 2 ;;
             --run-dir) RUN="$2"; shift 2 ;;
             --bind) bind="$2"; shift 2 ;;
             --image) image=default; shift
                      if [[ $# -gt 0 && "$1" != -* && ! "$1" =~ ^[0-9]+$ ]]; then image="$1"; shift; fi ;;
             --) shift; serve_args=("$@"); break ;;
             -h|--help) usage ;;
-            [0-9]*) n=$1; shift ;;
+            [0-9]*) n=$1; n_given=1; shift ;;
             *) die "unknown argument: $1" ;;
         esac
     done
     (( n >= 1 )) || die "N must be >= 1"
+    # --replica: each one's `--model ID=CFG` arguments, its ids, and every id's config
+    local rep_args=() rep_ids=() model_ids=() spec id cfg k
+    declare -A model_cfg=()
+    if (( ${#sets[@]} )); then
+        [[ -z "$n_given" && -z "$config" ]] || die "--replica gives each replica its models: no N or --config with it"
+        [[ -z "$image" ]] || die "--replica with --image is not supported yet (run the replicas from this checkout)"
+        n=${#sets[@]}
+        for ((k = 0; k < n; k++)); do
+            local margs="" mids=""
+            for spec in ${sets[$k]}; do
+                [[ "$spec" == *=* ]] || die "--replica: $spec is not ID=CFG.yaml"
+                id="${spec%%=*}"; cfg="${spec#*=}"
+                [[ "$id" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--replica: model id '$id' (letters, digits, . _ -)"
+                [[ -f "$cfg" ]] || die "--replica: no config file $cfg"
+                cfg="$(cd "$(dirname "$cfg")" && pwd)/$(basename "$cfg")"
+                if [[ -n "${model_cfg[$id]:-}" ]]; then
+                    [[ "${model_cfg[$id]}" == "$cfg" ]] || die "--replica: model $id is ${model_cfg[$id]} and $cfg: one id, one config"
+                else
+                    model_cfg[$id]="$cfg"; model_ids+=("$id")
+                fi
+                [[ " $mids " == *" $id "* ]] && die "--replica: $id twice in one replica"
+                margs+=" --model $id=$cfg"; mids+="${mids:+ }$id"
+            done
+            [[ -n "$mids" ]] || die "--replica: no models in \"${sets[$k]}\""
+            rep_args+=("$margs"); rep_ids+=("$mids")
+        done
+    fi
     mkdir -p "$RUN"
     RUN="$(cd "$RUN" && pwd)"
     if [[ -f "$RUN/pids" ]]; then
@@ -373,11 +413,14 @@ CONF
     for ((i = 1; i <= n; i++)); do
         local pid dev=() gpu=""
         (( ${#gpus[@]} )) && gpu="${gpus[$(( (i - 1) % ${#gpus[@]} ))]}" && dev=(env "CUDA_VISIBLE_DEVICES=$gpu")
+        local own=("${cfg_args[@]}")
+        # shellcheck disable=SC2206  # ids and paths without spaces (checked above)
+        (( ${#rep_args[@]} )) && own=(${rep_args[$((i - 1))]})
         if [[ -n "$image" ]]; then
             pid=$(start_image_replica "$i" "$gpu" "$config" --host 127.0.0.1 --voice-store "$redis_url" "${serve_args[@]}")
         else
             pid=$(start_bg "replica-$i" "${dev[@]}" "$PY" -m streamtts.cli.main serve --host 127.0.0.1 \
-                --port 0 --voice-store "$redis_url" "${cfg_args[@]}" "${serve_args[@]}")
+                --port 0 --voice-store "$redis_url" "${own[@]}" "${serve_args[@]}")
         fi
         pids+=("$pid"); logs+=("$RUN/replica-$i.log")
         STARTED+=("$pid")
@@ -396,27 +439,80 @@ CONF
     local lb_port lb_host=127.0.0.1
     if [[ -n "$bind" ]]; then lb_host="${bind%:*}"; lb_port="${bind##*:}"; else lb_port=$(free_port); fi
     cp "$HERE/haproxy.cfg" "$RUN/haproxy.cfg"
-    for ((i = 0; i < n; i++)); do
-        echo "    server r$((i + 1)) 127.0.0.1:${ports[$i]}" >>"$RUN/haproxy.cfg"
-    done
+    local expect=()
+    unset STREAMTTS_LB_MODELS
+    if (( ${#model_ids[@]} )); then
+        write_model_routing "${model_ids[@]}"
+        expect=("${LB_EXPECT[@]}")
+        export STREAMTTS_LB_MODELS="${model_ids[*]}"
+    else
+        for ((i = 0; i < n; i++)); do
+            echo "    server r$((i + 1)) 127.0.0.1:${ports[$i]}" >>"$RUN/haproxy.cfg"
+        done
+    fi
     export STREAMTTS_LB_BIND="$lb_host:$lb_port" STREAMTTS_LB_RUN="$RUN" STREAMTTS_LB_CHECK_INTER="$CHECK_INTER"
     haproxy -c -q -f "$RUN/haproxy.cfg" >&2 || die "haproxy rejected $RUN/haproxy.cfg"
     local lb_pid
     lb_pid=$(start_bg haproxy haproxy -db -f "$RUN/haproxy.cfg")
     STARTED+=("$lb_pid")
     echo "haproxy $lb_pid" >>"$RUN/pids"
-    wait_haproxy "$RUN/haproxy.sock" "$n" 30 || die "haproxy did not see the replicas (log $RUN/haproxy.log)"
-    note "haproxy http://$lb_host:$lb_port (pid $lb_pid), leastconn over $n replicas"
+    wait_haproxy "$RUN/haproxy.sock" "$n" 30 "${expect[@]}" || die "haproxy did not see the replicas (log $RUN/haproxy.log)"
+    if (( ${#model_ids[@]} )); then
+        note "haproxy http://$lb_host:$lb_port (pid $lb_pid), routing on the model: ${model_ids[*]} (default ${model_ids[0]})"
+    else
+        note "haproxy http://$lb_host:$lb_port (pid $lb_pid), leastconn over $n replicas"
+    fi
 
-    local reps="" sep=""
+    local reps="" sep="" extra=""
     for ((i = 0; i < n; i++)); do
-        reps+="$sep{\"url\": \"http://127.0.0.1:${ports[$i]}\", \"pid\": ${pids[$i]}}"
+        local own_models=""
+        (( ${#rep_ids[@]} )) && own_models=", \"models\": $(json_list ${rep_ids[$i]})"
+        reps+="$sep{\"url\": \"http://127.0.0.1:${ports[$i]}\", \"pid\": ${pids[$i]}$own_models}"
         sep=", "
     done
-    printf '{"balancer": "http://%s:%s", "replicas": [%s], "redis": "%s"}\n' \
-        "$lb_host" "$lb_port" "$reps" "$redis_url" >"$RUN/cluster.json"
+    (( ${#model_ids[@]} )) && extra=", \"models\": $(json_list "${model_ids[@]}")"
+    printf '{"balancer": "http://%s:%s", "replicas": [%s], "redis": "%s"%s}\n' \
+        "$lb_host" "$lb_port" "$reps" "$redis_url" "$extra" >"$RUN/cluster.json"
     trap - EXIT
     cat "$RUN/cluster.json"
+}
+
+# json_list WORD...: ["WORD", ...] (ids: no quotes or backslashes in them)
+json_list() {
+    local out="" w
+    for w in "$@"; do out+="${out:+, }\"$w\""; done
+    echo "[$out]"
+}
+
+# write_model_routing ID...: for deploy/haproxy.cfg's routing on the model (it says how): in
+# $RUN, models.map (every id, and OpenAI's names and "-none-" for the default: the first id) and
+# unknown-model.json; appended to haproxy.cfg, one backend `model-ID` per id, a copy of its
+# `replicas` backend checking /readyz?model=ID, with the replicas serving ID as its servers.
+# Uses ports and rep_ids (cmd_up's); sets LB_EXPECT (BACKEND:N for wait_haproxy).
+write_model_routing() {
+    local ids=("$@") id name j block
+    : >"$RUN/models.map"
+    for id in "${ids[@]}"; do echo "$id $id" >>"$RUN/models.map"; done
+    for name in -none- tts-1 tts-1-hd gpt-4o-mini-tts streamtts; do
+        [[ " ${ids[*]} " == *" $name "* ]] || echo "$name ${ids[0]}" >>"$RUN/models.map"
+    done
+    local list="${ids[*]}"
+    printf '%s\n' "{\"error\": {\"message\": \"unknown model '%[var(txn.model),json(utf8s)]': this cluster serves ${list// /, } (name it in the URL's ?model= or the X-Model header)\", \"type\": \"invalid_request_error\", \"param\": \"model\", \"code\": \"unknown_model\"}}" \
+        >"$RUN/unknown-model.json"
+    block="$(sed -n '/^backend replicas$/,$p' "$HERE/haproxy.cfg")"
+    LB_EXPECT=()
+    for id in "${ids[@]}"; do
+        local count=0
+        printf '\n%s\n' "$block" | sed -e "s/^backend replicas\$/backend model-$id/" \
+            -e "s|uri /readyz |uri /readyz?model=$id |" >>"$RUN/haproxy.cfg"
+        for ((j = 0; j < ${#rep_ids[@]}; j++)); do
+            if [[ " ${rep_ids[$j]} " == *" $id "* ]]; then
+                echo "    server r$((j + 1)) 127.0.0.1:${ports[$j]}" >>"$RUN/haproxy.cfg"
+                count=$((count + 1))
+            fi
+        done
+        LB_EXPECT+=("model-$id:$count")
+    done
 }
 
 cmd_down() {

@@ -20,7 +20,8 @@ Routes::
     GET  /healthz            liveness: 200 once loaded (also while draining), 503 while
                              loading or closing
     GET  /readyz             readiness: 200 only while a session slot is free and the server
-                             is not draining (balancer health checks, Kubernetes readiness)
+                             is not draining (balancer health checks, Kubernetes readiness);
+                             ?model=ID: the same for that model (404 when not served here)
     POST /admin/drain        start a drain (drain.py): the token, or loopback when none is set
     GET  /metrics            Prometheus text
     GET  /v1/info            the model's name, whether it is the demo model (page.py)
@@ -131,7 +132,7 @@ def create_app(
                 CORSMiddleware,
                 allow_origins=list(settings.allowed_origins),
                 allow_methods=["GET", "POST", "DELETE"],
-                allow_headers=["authorization", "content-type"],
+                allow_headers=["authorization", "content-type", "x-model"],
             )
         )
     app = Starlette(
@@ -209,16 +210,24 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """200 only while this replica should get the next session: loaded, not draining, and a
-    session slot free. A balancer's health check turns a full or draining replica off."""
+    session slot free. A balancer's health check turns a full or draining replica off.
+
+    ``?model=ID``: the same for a session of that model (a balancer routing on the model checks
+    each of its backends so): 404 ``unknown_model`` when this server does not serve ``ID``, else
+    as above (a model not loaded yet is ready: its first request loads it; the session limit and
+    the drain are the server's, for every model alike)."""
     s = _state(request)
     free = max(0, s.settings.max_sessions - s.sessions)
     draining = s.drain.active
+    model = request.query_params.get("model")
     if not s.ready:
         status = "closing" if s.closing else "starting"
     elif draining:
         status = "draining"
     else:
         status = "ready" if free else "full"
+    if model is not None and model not in s.models.models:
+        status = "unknown_model"
     body = {
         "status": status,
         "free_slots": 0 if draining else free,
@@ -231,7 +240,10 @@ async def readyz(request: Request) -> Response:
         "voice_store_up": s.voices.available,
         "models": {str(m["id"]): "loaded" if m["loaded"] else "unloaded" for m in s.models.listing()},
     }
-    return JSONResponse(body, status_code=200 if status == "ready" else 503)
+    if model is not None:
+        body["model"] = model
+    code = 200 if status == "ready" else 404 if status == "unknown_model" else 503
+    return JSONResponse(body, status_code=code)
 
 
 async def admin_drain(request: Request) -> Response:

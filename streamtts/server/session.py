@@ -64,7 +64,7 @@ from ..text.segmenter import (
 from ..timing.modes import check_timestamps
 from .actions import Abort, Action, Close, Configure, EndInput, SendAudio, SendText, Synthesize
 from .alignment import ContextWords
-from .model_names import DEFAULT_MODEL_ID, resolve_model
+from .model_names import DEFAULT_MODEL_ID, pick_model
 from .protocol import (
     PROTOCOL_VERSION,
     AudioHeader,
@@ -175,9 +175,12 @@ class Session:
         sent_audio: Callable[[str | None], float] | None = None,
         unknown_voice: Callable[[str], str] | None = None,
         model: str | None = None,
+        model_header: str | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
-        self._url_model = model  # the URL's ?model= (a balancer routes on it without reading frames)
+        # the URL's ?model= and the X-Model header (a balancer routes on them without reading frames)
+        self._url_model = model
+        self._header_model = model_header
         self.id = session_id or secrets.token_hex(8)
         self._voices = voices or (lambda _id: None)
         # what a `start` naming no voice is told (the server lists the voices it has)
@@ -706,12 +709,9 @@ class Session:
 
     def _model(self, name: str | None) -> str | None:
         """The served model's id the start (or else the URL) names; None (and an error) if none."""
-        url = self._url_model
-        if name is not None and url is not None and name != url:
-            self._error(ErrorCode.UNKNOWN_MODEL, f"model: the start names {name!r}, the URL's ?model= {url!r}; name one")
-            return None
+        named = [("the URL's ?model=", self._url_model), ("the X-Model header", self._header_model), ("the start's model", name)]
         try:
-            return resolve_model(name if name is not None else url, self.settings.model_ids)
+            return pick_model(named, self.settings.model_ids)
         except FieldError as exc:
             self._error(ErrorCode.UNKNOWN_MODEL, str(exc))
             return None

@@ -62,6 +62,7 @@ from ..timing.modes import check_timestamps
 from .app_state import ServerState
 from .drain import RETRY_AFTER_S, HttpStream
 from .logs import REFUSALS
+from .model_names import MODEL_HEADER, pick_model
 from .openai_formats import (
     SpeechFormat,
     SpeechOutput,
@@ -175,7 +176,17 @@ async def speech_endpoint(request: Request) -> Response:
         return body
     try:
         req = msgspec.json.decode(body, type=SpeechRequest)
-        served = state.models.resolve(req.model)
+        # the URL's ?model= and the X-Model header (what a balancer routes on), and the body's
+        served = state.models.models[
+            pick_model(
+                [
+                    ("the URL's ?model=", request.query_params.get("model")),
+                    ("the X-Model header", request.headers.get(MODEL_HEADER)),
+                    ("the body's model", req.model),
+                ],
+                state.models.ids,
+            )
+        ]
     except FieldError as exc:
         m.errors_total.inc(code=ErrorCode.UNKNOWN_MODEL)
         return error_response(400, ErrorCode.UNKNOWN_MODEL, str(exc), param="model")

@@ -93,7 +93,12 @@ async def design_voice(request: Request) -> Response:
     try:
         req = msgspec.json.decode(body, type=DesignRequest)
         description = _check(req, s)
-        designer = _designer(s, req.model)
+        # the body's model, else the URL's ?model= (a balancer routes on it; not X-Model, which
+        # a balancer sets to its default model when the request names none)
+        url_model = request.query_params.get("model")
+        if req.model and url_model and req.model != url_model:
+            raise FieldError("model", f"the body names model {req.model!r}, the URL's ?model= {url_model!r}: name one")
+        designer = _designer(s, req.model or url_model)
     except FieldError as exc:
         m.errors_total.inc(code=ErrorCode.INVALID_OPTION)
         return error_response(400, ErrorCode.INVALID_OPTION, str(exc), param=exc.field)

@@ -43,6 +43,7 @@ from .app_state import ServerState
 from .drain import refuse_websocket
 from .hosts import deny_websocket
 from .logs import REFUSALS
+from .model_names import MODEL_HEADER
 from .models import ServedModel
 from .pacing import PING_EXTENSION, Listener
 from .protocol import ClientMessage, CloseCode, Error, ErrorCode, Start, encode
@@ -207,6 +208,7 @@ class WsConnection:
             sent_audio=lambda cid: self.outbox.sent_by.get(cid, 0.0),
             unknown_voice=state.unknown_voice,
             model=ws.query_params.get("model"),
+            model_header=ws.headers.get(MODEL_HEADER),
         )
         # A voice fetch (shared store) that failed: the session's lookup raises it.
         self._voice_errors: dict[str, VoiceStoreUnavailableError | InputError] = {}

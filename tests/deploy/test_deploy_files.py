@@ -112,7 +112,7 @@ def test_the_deployment_runs_the_image_as_built() -> None:
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("name", ["streamtts.yaml", "redis.yaml", "haproxy.yaml", "kustomization.yaml"])
+@pytest.mark.parametrize("name", ["streamtts.yaml", "streamtts-dialog.yaml", "redis.yaml", "haproxy.yaml", "kustomization.yaml"])
 def test_manifests_match_the_kubernetes_schemas(name: str, version: str) -> None:
     import kubernetes_validate
 
@@ -136,14 +136,15 @@ def test_the_validator_rejects_a_broken_manifest() -> None:
         kubernetes_validate.validate(bad, K8S_VERSIONS[0], strict=True)
 
 
-def test_the_replica_deployment_has_what_a_drain_needs() -> None:
-    d = find("Deployment", "streamtts")
+@pytest.mark.parametrize("name", ["streamtts", "streamtts-dialog"])
+def test_the_replica_deployment_has_what_a_drain_needs(name: str) -> None:
+    d = find("Deployment", name)
     pod = d["spec"]["template"]["spec"]
     [c] = pod["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    args = dict(a.lstrip("-").split("=", 1) for a in c["args"])
+    args = dict(a.lstrip("-").split("=", 1) if "=" in a else (a.lstrip("-"), "") for a in c["args"] if not a.startswith("--model="))
     drain = float(args["drain-timeout"])
     pre = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pre[0] == "sleep"
@@ -154,8 +155,40 @@ def test_the_replica_deployment_has_what_a_drain_needs() -> None:
     redis_svc = find("Service", "streamtts-redis")
     assert args["voice-store"] == f"redis://{redis_svc['metadata']['name']}:{redis_svc['spec']['ports'][0]['port']}/0"
     assert find("Deployment", "streamtts-redis")["spec"]["template"]["spec"]["containers"][0]["image"].startswith("redis:")
-    assert find("Service", "streamtts")["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
-    assert find("Service", "streamtts-replicas")["spec"]["clusterIP"] == "None"
+    headless = find("Service", f"{name}-replicas")
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+    if name == "streamtts":
+        assert find("Service", "streamtts")["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+
+
+def test_haproxy_on_kubernetes_routes_each_model_to_the_deployments_serving_it() -> None:
+    """Every model id a Deployment serves has a backend `model-ID` checking /readyz?model=ID over
+    the headless Service of each Deployment serving it; models.map names exactly those ids (and
+    the default for OpenAI's names and no name); the kustomization applies every Deployment."""
+    cm = find("ConfigMap", "streamtts-haproxy")["data"]
+    served: dict[str, set[str]] = {}
+    for f in sorted(K8S.glob("*.yaml")):
+        for d in yaml.safe_load_all(f.read_text()):
+            if d and d.get("kind") == "Deployment" and d["metadata"]["name"] not in ("streamtts-haproxy", "streamtts-redis"):
+                args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+                ids = [a.split("=", 2)[1] for a in args if a.startswith("--model=")] or ["streamtts"]
+                for i in ids:
+                    served.setdefault(i, set()).add(f"{d['metadata']['name']}-replicas")
+    assert set(served) == {"streamtts", "dialog", "design"}
+    backends = {}
+    for block in cm["haproxy.cfg"].split("\nbackend ")[1:]:
+        name = block.split()[0]
+        backends[name] = (
+            re.findall(r"uri (\S+)", block),
+            {m.split(".")[0] for m in re.findall(r"server-template r 1-32 (\S+)", block)},
+        )
+    assert backends == {f"model-{i}": ([f"/readyz?model={i}"], svcs) for i, svcs in served.items()}
+    mapping = dict(line.split() for line in cm["models.map"].splitlines())
+    assert {k: v for k, v in mapping.items() if k in served} == {i: i for i in served}
+    assert {v for k, v in mapping.items() if k not in served} == {"streamtts"}  # the default
+    assert "-none-" in mapping and "tts-1" in mapping
+    resources = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    assert {"streamtts.yaml", "streamtts-dialog.yaml", "haproxy.yaml", "redis.yaml"} <= set(resources)
 
 
 # -- HAProxy ----------------------------------------------------------------------------------
@@ -181,11 +214,29 @@ def test_haproxy_configs_are_valid_and_share_the_policy(tmp_path: Path) -> None:
     cfg.write_text(local + "    server r1 127.0.0.1:8001\n")
     env = dict(os.environ, STREAMTTS_LB_BIND="127.0.0.1:8080", STREAMTTS_LB_RUN=str(tmp_path), STREAMTTS_LB_CHECK_INTER="1s")
     check_haproxy(cfg, env)
-    kube = find("ConfigMap", "streamtts-haproxy")["data"]["haproxy.cfg"]
-    (tmp_path / "k8s.cfg").write_text(kube)
-    check_haproxy(tmp_path / "k8s.cfg", dict(os.environ))
+    data = find("ConfigMap", "streamtts-haproxy")["data"]
+    kube = data["haproxy.cfg"]
+    kdir = tmp_path / "k8s"
+    kdir.mkdir()
+    for key, text in data.items():  # the ConfigMap as mounted, at another path
+        (kdir / key).write_text(text.replace("/usr/local/etc/haproxy/", f"{kdir}/"))
+    check_haproxy(kdir / "haproxy.cfg", dict(os.environ))
     for rule in POLICY:
         assert rule in local and rule in kube, rule
+    # the routing on the model: the same rules (the map and answer files' folder aside)
+    routing = [ln.strip() for ln in local.splitlines() if "txn.model" in ln]
+    assert len(routing) == 7
+    for rule in routing:
+        assert rule.replace("${STREAMTTS_LB_RUN}", "/usr/local/etc/haproxy") in kube, rule
+    # with STREAMTTS_LB_MODELS (what local-cluster.sh sets for --replica) the routing is on
+    (tmp_path / "models.map").write_text("tts tts\n-none- tts\n")
+    (tmp_path / "unknown-model.json").write_text("{}\n")
+    routed = local + "    server r1 127.0.0.1:8001\n\nbackend model-tts\n    server r1 127.0.0.1:8001\n"
+    cfg.write_text(routed)
+    check_haproxy(cfg, env | {"STREAMTTS_LB_MODELS": "tts"})
+    (tmp_path / "models.map").unlink()
+    with pytest.raises(AssertionError):  # it reads the map: routing is on
+        check_haproxy(cfg, env | {"STREAMTTS_LB_MODELS": "tts"})
     assert "server-template" in kube and "resolvers kube" in kube
     # and `haproxy -c` does reject a broken one
     cfg.write_text(local.replace("balance leastconn", "balance fewestconn") + "    server r1 127.0.0.1:8001\n")
@@ -197,7 +248,7 @@ def test_local_cluster_script_parses_and_prints_usage() -> None:
     script = DEPLOY / "local-cluster.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     p = subprocess.run(["bash", str(script)], capture_output=True, text=True)
-    assert p.returncode == 2 and "up [N]" in p.stderr
+    assert p.returncode == 2 and "up [N]" in p.stderr and "--replica" in p.stderr
 
 
 # -- docs/deploy.md -----------------------------------------------------------------------------
@@ -229,7 +280,7 @@ def test_deploy_doc_commands_run_as_written(tmp_path: Path) -> None:
     need_binary("redis-server")
     blocks = bash_blocks(REPO / "docs" / "deploy.md")
     runnable = [code for code, skipped in blocks if not skipped]
-    assert len(runnable) == 2 and len(blocks) == 7
+    assert len(runnable) == 3 and len(blocks) == 8
     venv_bin = str(Path(sys.executable).parent) + "/"
     env = dict(os.environ, STREAMTTS_CLUSTER_DIR=str(tmp_path / "run"), STREAMTTS_PYTHON=sys.executable)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)

@@ -146,6 +146,47 @@ def test_a_model_no_server_serves_is_a_clear_error(two: ServerProcess) -> None:
     assert two.health()["status"] == "ok"
 
 
+def test_the_url_or_the_header_names_the_model_a_balancer_routes_on(two: ServerProcess) -> None:
+    """?model= and X-Model on HTTP speech (and X-Model on the WebSocket) choose the model as the
+    body does; OpenAI's names in the body defer to them; two places naming different models are
+    unknown_model; /readyz?model=ID answers for that model."""
+    want = _speech(two, "dialog", DIALOGUE)
+    assert want.status_code == 200
+    body = {"model": "tts-1", "input": DIALOGUE, "response_format": "pcm", "seed": 3, **GREEDY}
+    by_url = httpx.post(two.http + "/v1/audio/speech?model=dialog", json=body, timeout=300)
+    by_header = httpx.post(two.http + "/v1/audio/speech", json=body, headers={"X-Model": "dialog"}, timeout=300)
+    assert by_url.status_code == by_header.status_code == 200
+    assert by_url.content == by_header.content == want.content
+    clash = httpx.post(two.http + "/v1/audio/speech", json={**body, "model": "tts"}, headers={"X-Model": "dialog"}, timeout=60)
+    err = clash.json()["error"]
+    assert clash.status_code == 400 and err["code"] == "unknown_model" and err["param"] == "model", err
+    assert "X-Model header 'dialog'" in err["message"] and "body's model 'tts'" in err["message"]
+    unknown = httpx.post(two.http + "/v1/audio/speech?model=nope", json=body, timeout=60)
+    assert unknown.status_code == 400 and "tts, dialog" in unknown.json()["error"]["message"]
+
+    async def ws_header() -> tuple[list[dict[str, Any]], bytes]:
+        audio = b""
+        msgs: list[dict[str, Any]] = []
+        async with websockets.connect(two.ws, max_size=None, additional_headers={"X-Model": "dialog"}) as ws:
+            await ws.send(json.dumps({"type": "start", "seed": 3, "sampling": GREEDY}))
+            await ws.send(json.dumps({"type": "text", "text": DIALOGUE}))
+            await ws.send(json.dumps({"type": "end"}))
+            async for m in ws:
+                if isinstance(m, bytes):
+                    audio += m
+                else:
+                    msgs.append(json.loads(m))
+        return msgs, audio
+
+    msgs, audio = asyncio.run(ws_header())
+    ref_msgs, ref_audio = asyncio.run(_ws(two, {"model": "dialog"}, DIALOGUE))
+    assert msgs[-1]["type"] == "done" and audio == ref_audio, msgs
+    for model, code in (("dialog", 200), ("tts", 200), ("nope", 404)):
+        r = httpx.get(two.http + f"/readyz?model={model}", timeout=30)
+        assert r.status_code == code and r.json()["model"] == model, r.text
+    assert httpx.get(two.http + "/readyz?model=nope", timeout=30).json()["status"] == "unknown_model"
+
+
 def test_an_idle_model_is_unloaded_and_loads_again(members: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
     srv = _serve(tmp_path_factory, "--model", f"tts={members['tts']}", "--model", f"dialog={members['dialog']}",
                  "--on-demand", "--idle-unload", "1")  # fmt: skip
