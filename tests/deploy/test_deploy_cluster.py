@@ -37,8 +37,10 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "local-cluster.sh"
 MAX_NEW = 44  # steps per segment: 13 frames (about 1 s of audio)
 GREEDY = {"text_temperature": 0.0, "audio_temperature": 0.0}
+# --admission slots: by the server's default (admission by measured capacity) how many
+# sessions run at once depends on how busy this machine is; these tests check the balancer
 BASE_ARGS = [
-    "--n-threads", "1", "--max-streams", "16", "--max-sessions", "12",
+    "--n-threads", "1", "--max-streams", "16", "--max-sessions", "12", "--admission", "slots",
     "--segment-max-new-tokens", str(MAX_NEW), "--idle-timeout", "60", "--send-buffer", "1",
     "--send-stall", "20",
 ]  # fmt: skip

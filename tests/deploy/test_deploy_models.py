@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "local-cluster.sh"
 MAX_NEW = 44
 ARGS = [
-    "--n-threads", "1", "--max-sessions", "3", "--segment-max-new-tokens", str(MAX_NEW),
+    "--n-threads", "1", "--max-sessions", "3", "--admission", "slots", "--segment-max-new-tokens", str(MAX_NEW),
     "--idle-timeout", "60", "--send-buffer", "1", "--no-warmup",
 ]  # fmt: skip
 DIALOGUE = "[S1] Hello there. [S2] Hi, how are you?"
