@@ -283,6 +283,7 @@ class StreamClient:
         timestamps: str | None = None,
         open_timeout: float = 10.0,
         model: str | None = None,
+        lexicon: dict[str, str] | str | None = None,
     ) -> None:
         self.url = stream_url(server)
         self.token = token
@@ -301,6 +302,8 @@ class StreamClient:
             "max_new_tokens": max_new_tokens,
             "timestamps": timestamps,  # "words" | "chars": Alignment events (estimated times)
             "model": model,  # one of the server's models (GET /v1/models); None: its first
+            # a pronunciation lexicon: {"word": "reading", ...}, or a stored one's id or name
+            "lexicon": lexicon,
         }
 
     async def connect(self, **overrides: Any) -> ClientSession:

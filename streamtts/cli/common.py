@@ -95,6 +95,27 @@ def check_output_file(path: str | None, flag: str, audio: bool = True) -> None:
             )
 
 
+def read_lexicon(path: str | None, flag: str = "--lexicon") -> Any:
+    """``--lexicon FILE``: a JSON object {"word": "reading", ...}, checked and compiled
+    (streamtts.text.lexicon.Lexicon); None without the flag. An error names the entry at fault."""
+    if not path:
+        return None
+    import json
+
+    from ..errors import FieldError
+    from ..text.lexicon import Lexicon
+
+    check_input_file(path, flag)
+    try:
+        entries = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{flag} {path}: not a JSON file ({exc})") from None
+    try:
+        return Lexicon.compile(entries, what=path)
+    except FieldError as exc:
+        raise UsageError(f"{flag} {exc}") from None
+
+
 def check_reference(path: str | None, flag: str = "--reference") -> None:
     """The clip exists and is what the encoder accepts (read and checked: milliseconds)."""
     if path is None:

@@ -167,6 +167,11 @@ def add_parser(sub: Any) -> None:
         help="unload a model no stream has used for this long (its memory goes back to the OS); "
         "its next request loads it again",
     )  # fmt: skip
+    p.add_argument(
+        "--lexicon", metavar="FILE.json",
+        help='the server\'s pronunciation lexicon, a JSON object {"word or phrase": "how to read it", ...}: '
+        "every request reads with it, under the request's own (`lexicon` field; docs/protocol.md)",
+    )  # fmt: skip
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-ups at start (the engine's and the server's generation)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     p.set_defaults(handler=serve, check=_check_serve)
@@ -202,7 +207,7 @@ def model_arg(text: str) -> tuple[str, str]:
 
 
 def _check_serve(args: argparse.Namespace) -> None:
-    from .common import check_config
+    from .common import check_config, read_lexicon
 
     _models_file(args)
     check_config(args)
@@ -217,6 +222,7 @@ def _check_serve(args: argparse.Namespace) -> None:
         check_config(argparse.Namespace(config=path), f"--model {mid}")
     if args.idle_unload is not None and args.idle_unload <= 0:
         raise UsageError(f"--idle-unload {args.idle_unload}: seconds > 0")
+    args.lexicon_read = read_lexicon(args.lexicon)  # checked before the models load
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -330,6 +336,7 @@ def settings_from_args(args: argparse.Namespace, max_streams: int) -> ServerSett
         ws_max_size=max(1 << 20, 4 * args.max_message_bytes),
         voice_store=VoiceStoreSettings(url=args.voice_store, ttl_s=args.voice_ttl),
         warmup=not args.no_warmup,
+        lexicon=getattr(args, "lexicon_read", None),
     ).validate()
 
 

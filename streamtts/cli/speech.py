@@ -29,6 +29,7 @@ from .common import (
     load_voice,
     no_device_fallback,
     positive_int,
+    read_lexicon,
     save_instead,
     speaker_arg,
     speaker_text_arg,
@@ -93,6 +94,11 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, type=typ, help=text)
     p.add_argument("--greedy", action="store_true", help="both temperatures 0")
     p.add_argument("--no-normalize", action="store_true", help="skip text normalisation")
+    p.add_argument(
+        "--lexicon", metavar="FILE.json",
+        help='a pronunciation lexicon: a JSON object {"word or phrase": "how to read it", ...}, applied '
+        "after normalisation (whole words; a lower-case key matches any case; docs/protocol.md)",
+    )  # fmt: skip
     p.add_argument("--profile", action="store_true", help="print per-stage timings and stream numbers")
 
 
@@ -124,6 +130,7 @@ def _options(args: argparse.Namespace, engine: Any) -> Any:
         sampling=sampling,
         max_new_tokens=args.max_new_tokens,
         normalize=False if args.no_normalize else None,
+        lexicons=() if getattr(args, "lexicon_read", None) is None else (args.lexicon_read,),
     )
 
 
@@ -180,6 +187,7 @@ def _check_request(args: argparse.Namespace) -> None:
     if args.tokens is not None and args.max_new_tokens is not None and args.tokens > args.max_new_tokens:
         raise UsageError(f"--tokens {args.tokens} is more than --max-new-tokens {args.max_new_tokens}")
     check_fields(args)  # blank language (error); fields the member does not use (warnings)
+    args.lexicon_read = read_lexicon(args.lexicon)
 
 
 async def _voices(args: argparse.Namespace, engine: Any) -> dict[str, Any]:

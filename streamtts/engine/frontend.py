@@ -173,7 +173,10 @@ class AudioStream:
 
             self.segments = req.segments
             # the segments' requests normalise nothing again: the instruction goes as prepared
-            options = msgspec.structs.replace(self._options, instruction=req.instruction)
+            # ... and the lexicons go compiled
+            options = msgspec.structs.replace(
+                self._options, instruction=req.instruction, lexicon=None, lexicons=req.lexicons
+            )
             self._long = LongTextStream(
                 engine, req.segments, req.voice, options, stats=self.stats,
                 speakers=req.speakers, prefix=req.prefix,

@@ -32,6 +32,8 @@ from ..model.tables import Embedder
 from ..request import (
     PROMPT_FIELDS,
     ChunkSink,
+    FieldError,
+    LexiconLayer,
     PreparedRequest,
     ReferenceLike,
     SpeakersLike,
@@ -43,6 +45,7 @@ from ..request import (
 )
 from ..request.rules import check_sampling
 from ..request.voices import SegmentSpeakers, check_speaker_texts, speaker_number, speaker_tuple
+from ..text.lexicon import Lexicon, apply_lexicons
 from ..text.normalize import normalize_text
 from ..text.segmenter import speakable, split_text
 from ..text.ttsd import merge_speaker_turns, normalize_ttsd, prefixed_text
@@ -69,6 +72,24 @@ class LongText:
     speakers: dict[str, Voice] | None = None
     prefix: Voice | None = None
     instruction: str | None = None
+    # the request's lexicons, compiled (each segment's prompt applies them: its own words)
+    lexicons: tuple[LexiconLayer, ...] = ()
+
+
+def lexicon_layers(options: StreamOptions) -> tuple[LexiconLayer, ...]:
+    """The lexicons a request's text is read with: its own map (compiled here, checked: a
+    :class:`FieldError` naming the entry at fault), then ``options.lexicons``. A stored
+    lexicon's id is the server's to resolve (it replaces the field with the compiled one)."""
+    value = options.lexicon
+    if value is None:
+        return options.lexicons
+    if isinstance(value, str):
+        raise FieldError(
+            "lexicon",
+            f"lexicon {value[:80]!r} names a stored lexicon: only a server (streamtts serve, POST "
+            "/v1/lexicons) holds those; give the entries as a map here",
+        )
+    return (Lexicon.compile(value), *options.lexicons)
 
 
 def join_prefix_text(prefix_text: str, text: str) -> str:
@@ -266,6 +287,9 @@ class Preparer:
             text = join_prefix_text(prefix_text, text)  # as given, for the messages below
         else:
             clean = self.normalize(text) if normalize else text
+        lexicons = lexicon_layers(options)
+        # what the prompt says: the lexicon's readings (the word times keep ``text``'s words)
+        spoken = apply_lexicons(clean, lexicons) if lexicons else clean
         sound_only = not clean.strip() and options.ambient_sound is not None
         if not sound_only:
             if not clean.strip():
@@ -284,7 +308,7 @@ class Preparer:
         instruction = self.normalize_instruction(options.instruction) if normalize else options.instruction
         fields = {f: getattr(options, f) for f in PROMPT_FIELDS} | {"language": language, "instruction": instruction}
         spec = PromptSpec(
-            text=None if sound_only else clean,
+            text=None if sound_only else spoken,
             reference_codes=ref,
             references=refs,
             prefix_codes=None if start is None else start.codes,
@@ -294,9 +318,9 @@ class Preparer:
         voices = [c for c in (ref, *refs, None if start is None else start.codes) if c is not None]
         ref_rows = sum(c.shape[0] + self.ids.n_vq for c in voices)
         if not sound_only and not self._fits_one_generation(built.text_rows, ref_rows):
-            segments = split_text(clean)
+            segments = split_text(clean)  # as written: each segment's request applies the lexicons
             if len(segments) > 1:  # one segment that doesn't fit: PromptTooLongError below says so
-                return LongText(segments, voice, cast or None, start, instruction)
+                return LongText(segments, voice, cast or None, start, instruction, lexicons)
         prompt, n_prefix = built.rows, built.prefix_rows
         if n_prefix < self.MIN_PREFIX_ROWS:
             n_prefix = 0
@@ -306,7 +330,7 @@ class Preparer:
             voice_s = sum(c.shape[0] for c in voices) * FRAME_S
             ref_s = f", voices {voice_s:.1f} s" if voices else ""
             raise PromptTooLongError(
-                f"prompt is {rows} rows (text {len(clean)} chars{ref_s}); the first audio frame needs "
+                f"prompt is {rows} rows (text {len(spoken)} chars{ref_s}); the first audio frame needs "
                 f"{self.ids.n_vq} more steps, but the per-stream context n_ctx is {self.n_ctx_seq}: "
                 "shorten the text or the voices, or raise n_ctx"
             )

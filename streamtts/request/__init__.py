@@ -8,6 +8,7 @@ from .prepared import PreparedRequest
 from .rules import FieldError, check
 from .stream import (
     AudioChunk,
+    LexiconLayer,
     ReferenceLike,
     SpeakersLike,
     StreamOptions,
@@ -24,6 +25,7 @@ __all__ = [
     "ChunkSink",
     "FieldError",
     "GenerationFields",
+    "LexiconLayer",
     "Outbox",
     "PreparedRequest",
     "PromptFields",

@@ -9,6 +9,8 @@ bases of one struct.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from ..config import SamplingParams
@@ -46,6 +48,11 @@ class GenerationFields(PromptFields, frozen=True, kw_only=True):
     # than the engine's first chunk assumes may get a smaller first chunk, so its first audio
     # comes sooner (engine/chunk_policy.py first_chunk_frames). None: the engine's chunks.
     playback_buffer_ms: float | None = None
+    # A pronunciation lexicon (text/lexicon.py): {"word or phrase": "how to read it", ...}, or
+    # the id or name of a lexicon stored on the server (POST /v1/lexicons). Applied after
+    # normalisation, before tokenisation; the word times keep the words as written. The
+    # entries are checked where the lexicon is compiled (text/lexicon.py names the entry).
+    lexicon: dict[str, Any] | str | None = None
 
 
 PROMPT_FIELDS: tuple[str, ...] = PromptFields.__struct_fields__

@@ -24,6 +24,7 @@ __all__ = [
     "check_chunk_frames",
     "check_language",
     "check_playback_buffer",
+    "check_lexicon_value",
     "check_sampling",
     "check_timestamps",
     "check_written",
@@ -53,6 +54,7 @@ def check(
     check_timestamps(fields.timestamps)
     check_playback_buffer(fields.playback_buffer_ms)
     check_chunk_frames(chunk_frames)
+    check_lexicon_value(fields.lexicon)
     return None if fields.sampling is None else check_sampling(fields.sampling)
 
 
@@ -81,6 +83,18 @@ def check_chunk_frames(sizes: Sequence[int] | None) -> None:
     """A stream's own chunk sizes (StreamOptions.chunk_frames), when given: frames >= 1."""
     if sizes is not None and (not sizes or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in sizes)):
         raise FieldError("chunk_frames", f"chunk_frames must be a non-empty list of ints >= 1, got {list(sizes)!r}")
+
+
+def check_lexicon_value(value: object) -> None:
+    """A lexicon is a map (its entries: text/lexicon.py checks each) or a stored one's id or name."""
+    if value is None or isinstance(value, dict):
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise FieldError(
+            "lexicon",
+            'lexicon must be a JSON object mapping words to how they are read ({"nginx": "engine x"}) '
+            "or the id or name of a stored lexicon (POST /v1/lexicons)",
+        )
 
 
 def check_language(value: str | None) -> None:

@@ -5,13 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..constants import AUDIO_VOCAB, FRAME_RATE, FRAME_S
 from ..errors import InputError
 from .fields import GenerationFields
+
+
+class LexiconLayer(Protocol):
+    """A compiled pronunciation lexicon (:class:`streamtts.text.lexicon.Lexicon`)."""
+
+    def __len__(self) -> int: ...
+
+    def match(self, text: str, pos: int, token: str) -> tuple[int, str] | None:
+        """(end, replacement) of the longest key matching ``text`` at ``pos``; None if none."""
 
 
 class StreamOptions(GenerationFields, frozen=True, kw_only=True):
@@ -31,6 +40,9 @@ class StreamOptions(GenerationFields, frozen=True, kw_only=True):
     # Hand out the raw generated rows (text id + n_vq delayed codes, as the model emitted
     # them) on the chunks (AudioChunk.rows): for checking against the official code.
     rows: bool = False
+    # Compiled lexicons matched under ``lexicon`` (the request's own map), in order: the
+    # server puts a stored lexicon the request names and its own (``serve --lexicon``) here.
+    lexicons: tuple[LexiconLayer, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

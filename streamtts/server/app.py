@@ -16,6 +16,9 @@ Routes::
     GET  /v1/voices          the cached voices (id, name, seconds)
     DELETE /v1/voices/{id}
     GET  /v1/audio/voices    every voice a request may name (config names + uploaded)
+    POST /v1/lexicons        store a pronunciation lexicon -> its id (lexicon_routes.py)
+    GET  /v1/lexicons        the stored lexicons; GET /v1/lexicons/{id}: one, with its entries
+    DELETE /v1/lexicons/{id}
     GET  /v1/models          the served model (OpenAI shape, with model_kind and n_vq)
     GET  /healthz            liveness: 200 once loaded (also while draining), 503 while
                              loading or closing
@@ -36,6 +39,7 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import cast
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -50,6 +54,8 @@ from ..errors import ReferenceAudioError, StreamTTSError, VoiceStoreUnavailableE
 from ..request import Voice
 from .app_state import ServerSettings, ServerState
 from .hosts import HostAllowList, HostCheckMiddleware
+from .lexicon_routes import delete_lexicon, get_lexicon, list_lexicons, upload_lexicon
+from .lexicon_store import LexiconStore, SharedLexicons
 from .listings import list_audio_voices, list_models
 from .logs import UvicornRefusalFilter
 from .metrics import CONTENT_TYPE
@@ -98,7 +104,10 @@ def create_app(
         recheck_s=vs.recheck_s,
         max_stored_bytes=vs.max_stored_bytes,
     )
-    state = ServerState(models, settings, voices, names)
+    # lexicons live beside the voices: in Redis when the voices are (voice_redis.py)
+    shared = voices.shared if hasattr(voices.shared, "save_lexicon") else None
+    lexicons = LexiconStore(settings.lexicon, cast(SharedLexicons | None, shared), recheck_s=vs.recheck_s)
+    state = ServerState(models, settings, voices, names, lexicons)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -150,6 +159,10 @@ def create_app(
             Route("/v1/voices", list_voices, methods=["GET"]),
             Route("/v1/voices/{voice_id}", delete_voice, methods=["DELETE"]),
             Route("/v1/audio/voices", list_audio_voices),
+            Route("/v1/lexicons", upload_lexicon, methods=["POST"]),
+            Route("/v1/lexicons", list_lexicons, methods=["GET"]),
+            Route("/v1/lexicons/{lexicon_id}", get_lexicon, methods=["GET"]),
+            Route("/v1/lexicons/{lexicon_id}", delete_lexicon, methods=["DELETE"]),
             Route("/v1/models", list_models),
             WebSocketRoute("/v1/stream", websocket_endpoint),
             Mount("/static", app=StaticFiles(directory=STATIC), name="static"),

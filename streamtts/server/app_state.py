@@ -11,7 +11,9 @@ from urllib.parse import urlsplit
 from ..engine.segmented import DEFAULT_CONTINUITY_FRAMES, DEFAULT_FADE_MS
 from ..errors import ConfigError
 from ..request import Voice
+from ..text.lexicon import Lexicon
 from .drain import Drain
+from .lexicon_store import LexiconStore
 from .metrics import ServerMetrics
 from .models import ModelSet
 from .protocol import ErrorCode
@@ -57,6 +59,9 @@ class ServerSettings:
     voice_store: VoiceStoreSettings = field(default_factory=VoiceStoreSettings)
     # SIGTERM / POST /admin/drain: running streams get this long to finish (drain.py)
     drain_timeout_s: float = 30.0
+    # the server's pronunciation lexicon (`serve --lexicon FILE`): every request reads with it,
+    # under its own entries (lexicon_store.py)
+    lexicon: Lexicon | None = None
 
     def validate(self) -> ServerSettings:
         if self.max_sessions < 1:
@@ -88,10 +93,12 @@ class ServerState:
         settings: ServerSettings,
         voices: VoiceStore,
         voice_names: VoiceNames | None = None,
+        lexicons: LexiconStore | None = None,
     ) -> None:
         self.models = models
         self.settings = settings
         self.voices = voices
+        self.lexicons = lexicons or LexiconStore(settings.lexicon)
         self.voice_names = voice_names or VoiceNames()
         default = models.default
         self.metrics = ServerMetrics(

@@ -52,7 +52,7 @@ from ..errors import (
     InputError,
     VoiceStoreUnavailableError,
 )
-from ..request import StreamStats, Voice, WordTime
+from ..request import LexiconLayer, StreamStats, Voice, WordTime
 from ..request.voices import check_speaker_texts, speaker_number
 from ..text.segmenter import (
     DEFAULT_CLAUSE_MIN_CHARS,
@@ -176,6 +176,7 @@ class Session:
         unknown_voice: Callable[[str], str] | None = None,
         model: str | None = None,
         model_header: str | None = None,
+        lexicons: Callable[[object], tuple[LexiconLayer, ...]] | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
         # the URL's ?model= and the X-Model header (a balancer routes on them without reading frames)
@@ -183,6 +184,9 @@ class Session:
         self._header_model = model_header
         self.id = session_id or secrets.token_hex(8)
         self._voices = voices or (lambda _id: None)
+        # a `start`'s `lexicon` -> the compiled lexicons its text is read with (the server's
+        # LexiconStore.layers; raises FieldError naming the entry, or the store's error)
+        self._lexicons = lexicons
         # what a `start` naming no voice is told (the server lists the voices it has)
         self._unknown_voice = unknown_voice or (
             lambda name: f"no voice {_clip(name)!r} on this server (upload it with POST /v1/voices)"
@@ -672,9 +676,13 @@ class Session:
                 max_chars=s.max_chars,
             ).validate()
             timestamps = check_timestamps(msg.timestamps)
-            options = request_options(msg, s.max_new_tokens, normalize=msg.normalize)
+            layers = None if self._lexicons is None else self._lexicons(msg.lexicon)
+            options = request_options(msg, s.max_new_tokens, normalize=msg.normalize, lexicons=layers)
         except (ValueError, ConfigError) as exc:  # FieldError names the field as the client wrote it
             self._error(ErrorCode.INVALID_OPTION, str(exc))
+            return False
+        except VoiceStoreUnavailableError as exc:  # a stored lexicon the store could not give
+            self._error(ErrorCode.VOICE_STORE_UNAVAILABLE, f"lexicon: {exc}; try again shortly")
             return False
         self.format = fmt
         self.timestamps = timestamps

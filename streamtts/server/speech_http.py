@@ -226,6 +226,8 @@ async def _speech(
         fmt, sse = _format(req)
         if req.voice is not None and req.voice not in state.voice_names:
             await state.voices.fetch(req.voice)  # into this replica's cache (shared store)
+        if isinstance(req.lexicon, str):
+            await state.lexicons.fetch(req.lexicon)  # likewise a stored lexicon it names
         options, reference = _options(req, state, engine)
         speakers, prefix = await _voice_fields(req, state, reference, engine)
     except SpeechRequestError as exc:  # a field we cannot honour: 400 naming it
@@ -383,7 +385,7 @@ def _options(req: SpeechRequest, state: ServerState, engine: EngineClient) -> tu
             )
     cap = state.settings.session.max_new_tokens
     try:
-        options = request_options(req, cap, instruction=req.instructions)
+        options = request_options(req, cap, instruction=req.instructions, lexicons=state.lexicons.layers(req.lexicon))
         # checked before anything is generated: every segment would fail
         check_template_fields(engine.prompt_template, options)
     except FieldError as exc:

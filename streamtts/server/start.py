@@ -12,10 +12,12 @@ from ..request import (
     PROMPT_FIELDS,
     FieldError,
     GenerationFields,
+    LexiconLayer,
     StreamOptions,
     VoiceRequest,
     check,
 )
+from ..text.lexicon import Lexicon
 from .openai_formats import SpeechRequestError
 from .protocol import ErrorCode
 
@@ -28,10 +30,17 @@ def request_options(
     *,
     normalize: bool | None = None,
     instruction: str | None = None,
+    lexicons: tuple[LexiconLayer, ...] | None = None,
 ) -> StreamOptions:
     """The options ``fields`` ask for, checked; ``max_new_tokens`` under the server's ``cap``.
-    ``instruction``: the field under another name (the OpenAI body's ``instructions``)."""
+    ``instruction``: the field under another name (the OpenAI body's ``instructions``).
+    ``lexicons``: what the text is read with, compiled (lexicon_store.py's ``layers``: the
+    request's, a stored one it names, the server's); None: the request's map, compiled here."""
     sampling = check(fields)
+    if lexicons is None:
+        if isinstance(fields.lexicon, str):
+            raise FieldError("lexicon", f"lexicon: no stored lexicon {fields.lexicon[:80]!r} here")
+        lexicons = () if fields.lexicon is None else (Lexicon.compile(fields.lexicon),)
     prompt = {f: getattr(fields, f) for f in PROMPT_FIELDS}
     if instruction is not None:
         prompt["instruction"] = instruction
@@ -46,6 +55,7 @@ def request_options(
         normalize=normalize,
         timestamps=None if fields.timestamps in (None, "none") else fields.timestamps,
         playback_buffer_ms=fields.playback_buffer_ms,
+        lexicons=lexicons,
     )
 
 

@@ -5,6 +5,8 @@ Keys (``key_prefix`` default ``streamtts:``)::
     streamtts:voice:<voice id>    the StoredVoice (msgpack), EX ttl_s, refreshed on use
     streamtts:clip:<sha256>       the voice id encoded from that uploaded clip, EX ttl_s
     streamtts:name:<name>         the voice id the name stands for (an upload's ?name=), EX ttl_s
+    streamtts:lexicon:<id>        a stored pronunciation lexicon (JSON: name, entries), EX ttl_s
+    streamtts:lexname:<name>      the lexicon id the name stands for, EX ttl_s
 
 Every command has a short connect and read timeout and one immediate retry (the
 first command on a pooled connection that Redis closed when it restarted fails;
@@ -129,6 +131,51 @@ class RedisVoices:
             return out
 
         return await self._call("list", op)
+
+    # -- pronunciation lexicons (server/lexicons.py): the same store, their own keys ----------
+    def _lkey(self, lexicon_id: str) -> str:
+        return f"{self._prefix}lexicon:{lexicon_id}"
+
+    def _lnkey(self, name: str) -> str:
+        return f"{self._prefix}lexname:{name}"
+
+    async def save_lexicon(self, lexicon_id: str, value: bytes, name: str) -> None:
+        async def op() -> None:
+            async with self._r.pipeline(transaction=True) as p:
+                p.set(self._lkey(lexicon_id), value, ex=self.ttl)
+                if name:
+                    p.set(self._lnkey(name), lexicon_id.encode(), ex=self.ttl)
+                await p.execute()
+
+        await self._call("save lexicon", op)
+
+    async def load_lexicon(self, lexicon_id: str) -> bytes | None:
+        data = await self._call("load lexicon", lambda: self._r.getex(self._lkey(lexicon_id), ex=self.ttl))
+        return None if data is None else _bytes(data)
+
+    async def touch_lexicon(self, lexicon_id: str) -> bool:
+        return bool(await self._call("touch lexicon", lambda: self._r.expire(self._lkey(lexicon_id), self.ttl)))
+
+    async def find_lexicon_name(self, name: str) -> str | None:
+        data = await self._call("find lexicon", lambda: self._r.getex(self._lnkey(name), ex=self.ttl))
+        return None if data is None else _bytes(data).decode("ascii", "replace")
+
+    async def delete_lexicon(self, lexicon_id: str, names: list[str]) -> bool:
+        keys = [self._lkey(lexicon_id), *(self._lnkey(n) for n in names)]
+        return bool(await self._call("delete lexicon", lambda: self._r.delete(*keys)))
+
+    async def lexicon_ids(self, limit: int) -> list[str]:
+        start = len(self._prefix) + len("lexicon:")
+
+        async def op() -> list[str]:
+            out: list[str] = []
+            async for key in self._r.scan_iter(match=f"{self._prefix}lexicon:*", count=500):
+                out.append(_bytes(key)[start:].decode("ascii", "replace"))
+                if len(out) >= limit:
+                    break
+            return out
+
+        return await self._call("list lexicons", op)
 
     async def ping(self) -> bool:
         try:

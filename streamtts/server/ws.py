@@ -37,7 +37,7 @@ from ..constants import FRAME_RATE
 from ..engine.client import EngineClient
 from ..engine.segmented import SegmentAudio, SegmentDone, SegmentedSpeech, SegmentFailed
 from ..errors import InputError, ModelLoadError, VoiceStoreUnavailableError
-from ..request import StreamOptions, Voice
+from ..request import LexiconLayer, StreamOptions, Voice
 from ..request.voices import speaker_number
 from .app_state import ServerState
 from .drain import refuse_websocket
@@ -209,9 +209,11 @@ class WsConnection:
             unknown_voice=state.unknown_voice,
             model=ws.query_params.get("model"),
             model_header=ws.headers.get(MODEL_HEADER),
+            lexicons=self._lexicons,
         )
         # A voice fetch (shared store) that failed: the session's lookup raises it.
         self._voice_errors: dict[str, VoiceStoreUnavailableError | InputError] = {}
+        self._lexicon_error: VoiceStoreUnavailableError | None = None  # likewise the start's lexicon
         # the `start`'s speakers and prefix values, resolved (a base64 clip encoded) before
         # the session reads them
         self._field_voices: dict[str, Voice] = {}
@@ -322,6 +324,11 @@ class WsConnection:
                 await self.state.voices.fetch(message.voice)
             except VoiceStoreUnavailableError as exc:
                 self._voice_errors[message.voice] = exc
+        if isinstance(message.lexicon, str):  # a stored lexicon: into this replica's cache
+            try:
+                await self.state.lexicons.fetch(message.lexicon)
+            except VoiceStoreUnavailableError as exc:
+                self._lexicon_error = exc
         fields = [(f"speakers.{k}", v) for k, v in (message.speakers or {}).items()]
         if message.prefix is not None:
             fields.append(("prefix", message.prefix))
@@ -331,6 +338,13 @@ class WsConnection:
                 self._field_voices[value] = await resolve_voice(self.state, value, name, keep_clip=name in clips)
             except VoiceFieldError as exc:
                 self._voice_errors[value] = exc
+
+    def _lexicons(self, value: object) -> tuple[LexiconLayer, ...]:
+        """The session's lookup of a `start`'s lexicon (fetched above, or why it was not)."""
+        err, self._lexicon_error = self._lexicon_error, None
+        if err is not None:
+            raise err
+        return self.state.lexicons.layers(value)
 
     def _voice(self, voice_id: str) -> Voice | None:
         err = self._voice_errors.pop(voice_id, None)
