@@ -62,7 +62,13 @@ from .metrics import CONTENT_TYPE
 from .models import ModelSet
 from .page import clip_from_body, favicon, info
 from .protocol import ErrorCode
-from .speech_http import check_access, error_response, read_request, speech_endpoint
+from .speech_http import (
+    check_access,
+    error_response,
+    read_request,
+    speech_endpoint,
+    store_unavailable,
+)
 from .voice_design import design_voice
 from .voice_names import VoiceNames
 from .voice_store import redact_url
@@ -326,7 +332,7 @@ async def upload_voice(request: Request) -> Response:
         m.errors_total.inc(code=ErrorCode.INVALID_REFERENCE_AUDIO)
         return error_response(400, ErrorCode.INVALID_REFERENCE_AUDIO, str(exc))
     except VoiceStoreUnavailableError as exc:
-        return _store_unavailable(s, exc)
+        return store_unavailable(s, exc)
     except StreamTTSError as exc:
         log.exception("voice upload failed")
         m.errors_total.inc(code=ErrorCode.INTERNAL_ERROR)
@@ -351,7 +357,7 @@ async def list_voices(request: Request) -> Response:
     try:
         infos = await s.voices.infos()
     except VoiceStoreUnavailableError as exc:
-        return _store_unavailable(s, exc)
+        return store_unavailable(s, exc)
     voices = [
         {"voice_id": v.voice_id, "name": v.name, "seconds": v.seconds, "frames": v.frames, "n_vq": v.n_vq}
         for v in infos
@@ -368,14 +374,7 @@ async def delete_voice(request: Request) -> Response:
     try:
         deleted = await s.voices.delete(vid)
     except VoiceStoreUnavailableError as exc:
-        return _store_unavailable(s, exc)
+        return store_unavailable(s, exc)
     if not deleted:
         return error_response(404, ErrorCode.NOT_FOUND, f"no voice {vid!r}")
     return JSONResponse({"deleted": vid})
-
-
-def _store_unavailable(s: ServerState, exc: VoiceStoreUnavailableError) -> Response:
-    s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
-    resp = error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
-    resp.headers["Retry-After"] = "5"
-    return resp

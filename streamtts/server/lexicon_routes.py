@@ -20,7 +20,7 @@ from ..errors import FieldError, VoiceStoreUnavailableError
 from .app_state import ServerState
 from .lexicon_store import MAX_LEXICON_BODY, MAX_NAME_CHARS, valid_lexicon_name
 from .protocol import ErrorCode
-from .speech_http import check_access, error_response, read_request
+from .speech_http import check_access, error_response, read_request, store_unavailable
 
 __all__ = ["delete_lexicon", "get_lexicon", "list_lexicons", "upload_lexicon"]
 
@@ -59,7 +59,7 @@ async def upload_lexicon(request: Request) -> Response:
         m.errors_total.inc(code=ErrorCode.INVALID_OPTION)
         return error_response(400, ErrorCode.INVALID_OPTION, str(exc), param=exc.field)
     except VoiceStoreUnavailableError as exc:
-        return _unavailable(s, exc)
+        return store_unavailable(s, exc)
     return JSONResponse(info.as_dict(), status_code=201 if new else 200)
 
 
@@ -71,7 +71,7 @@ async def list_lexicons(request: Request) -> Response:
     try:
         infos = await s.lexicons.infos()
     except VoiceStoreUnavailableError as exc:
-        return _unavailable(s, exc)
+        return store_unavailable(s, exc)
     base = s.lexicons.base
     return JSONResponse({
         "lexicons": [i.as_dict() for i in infos],
@@ -89,7 +89,7 @@ async def get_lexicon(request: Request) -> Response:
     try:
         lex = await s.lexicons.fetch(ref)
     except VoiceStoreUnavailableError as exc:
-        return _unavailable(s, exc)
+        return store_unavailable(s, exc)
     if lex is None:
         return error_response(404, ErrorCode.NOT_FOUND, f"no lexicon {ref[:80]!r}")
     return JSONResponse({"lexicon_id": lex.id, "name": lex.name, "entries": lex.entries})
@@ -104,14 +104,7 @@ async def delete_lexicon(request: Request) -> Response:
     try:
         deleted = await s.lexicons.delete(ref)
     except VoiceStoreUnavailableError as exc:
-        return _unavailable(s, exc)
+        return store_unavailable(s, exc)
     if not deleted:
         return error_response(404, ErrorCode.NOT_FOUND, f"no lexicon {ref[:80]!r}")
     return JSONResponse({"deleted": ref})
-
-
-def _unavailable(s: ServerState, exc: VoiceStoreUnavailableError) -> Response:
-    s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
-    resp = error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
-    resp.headers["Retry-After"] = "5"
-    return resp

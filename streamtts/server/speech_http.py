@@ -121,6 +121,14 @@ _STATUS = {
 }
 
 
+def store_unavailable(s: ServerState, exc: VoiceStoreUnavailableError) -> Response:
+    """503 for a voice or lexicon route whose shared store cannot be reached."""
+    s.metrics.errors_total.inc(code=ErrorCode.VOICE_STORE_UNAVAILABLE)
+    resp = error_response(503, ErrorCode.VOICE_STORE_UNAVAILABLE, str(exc), "server_error")
+    resp.headers["Retry-After"] = "5"
+    return resp
+
+
 def check_access(state: ServerState, request: Request) -> Response | None:
     """403 for a browser on a foreign origin, 401 without the token; None when allowed."""
     m = state.metrics
