@@ -139,6 +139,7 @@ class Ready(msgspec.Struct, tag="ready", kw_only=True):
     min_chars: int
     clause_min_chars: int
     limits: Limits
+    model: str = ""  # the served model's id that speaks this session (GET /v1/models)
 
 
 class SegmentInfo(msgspec.Struct, tag="segment", kw_only=True):

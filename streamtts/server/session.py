@@ -711,6 +711,7 @@ class Session:
                     idle_timeout_s=s.idle_timeout_s,
                     max_contexts=s.max_contexts,
                 ),
+                model=model,
             )
         )
         return True

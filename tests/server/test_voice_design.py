@@ -132,3 +132,16 @@ def test_the_page_designs_a_voice_and_speaks_with_it(page: Any, family: ServerPr
     page.click("#design")
     page.wait_for_function("window.streamtts.design.state === 'error'", timeout=30_000)
     assert "description is empty" in page.evaluate("window.streamtts.design.error")
+
+
+@pytest.mark.browser
+def test_the_page_picks_the_model_that_speaks(page: Any, family: ServerProcess) -> None:
+    page.goto(f"{family.http}/?preroll=1.0")
+    page.wait_for_selector("#speaker-row:not([hidden])", timeout=60_000)  # several models: a choice
+    assert page.eval_on_selector_all("#speaker-model option", "os => os.map(o => o.value)") == ["tts", "design", "dialog"]
+    page.select_option("#speaker-model", "dialog")
+    page.fill("#text", "[S1] Hello there. [S2] Hi!")
+    page.click("#speak")
+    page.wait_for_function("window.streamtts.state === 'done'", timeout=120_000)
+    st = page.evaluate("window.streamtts")
+    assert st["ready"]["model"] == "dialog" and st["done"]["frames"] > 0

@@ -232,8 +232,10 @@ function startMessage() {
   const start = { type: "start", format: "pcm_f32le_24000" };
   const voice = $("voice").value.trim();
   const seed = $("seed").value.trim();
+  const model = $("speaker-model").value;
   if (voice) start.voice = voice;
   if (seed) start.seed = Number(seed);
+  if (model) start.model = model;
   return start;
 }
 
@@ -379,7 +381,12 @@ async function loadInfo() {
     loadVoices();
     $("model").textContent = info.model;
     // voices are designed by a MOSS-VoiceGenerator: the box shows where the server has one
-    $("design-row").hidden = !(info.models || []).some((m) => m.model_kind === "moss-voice-generator");
+    const models = info.models || [];
+    $("design-row").hidden = !models.some((m) => m.model_kind === "moss-voice-generator");
+    // several models: the page picks which one speaks (the first is the server's default)
+    const pick = $("speaker-model");
+    pick.replaceChildren(...models.map((m) => new Option(`${m.id} (${m.model_kind})`, m.id)));
+    $("speaker-row").hidden = models.length < 2;
     if (info.notice) {
       $("notice").textContent = info.notice;
       $("notice").hidden = false;
