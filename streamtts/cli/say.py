@@ -41,6 +41,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--voice", help="voice id from an earlier upload (POST /v1/voices)")
     p.add_argument("--model", help="which of the server's models speaks (streamtts models --server URL lists them)")
+    p.add_argument(
+        "--lexicon", metavar="FILE.json",
+        help='a pronunciation lexicon sent with the request: a JSON object {"word or phrase": "how to read it", ...} '
+        "(checked here first; docs/protocol.md, Pronunciation lexicons)",
+    )  # fmt: skip
     p.add_argument("--reference", help="reference clip to upload and speak with")
     p.add_argument("--language", help="language tag for the prompt, e.g. en, zh")
     p.add_argument("--instruction", help="style instruction for the prompt")
@@ -63,6 +68,7 @@ def _check_say(args: argparse.Namespace) -> None:
         check_output_device,
         check_output_file,
         check_text,
+        read_lexicon,
         stdin_piped,
     )
 
@@ -76,6 +82,7 @@ def _check_say(args: argparse.Namespace) -> None:
     if args.text != "-":
         check_text(args.text, "TEXT")
     check_input_file(args.reference, "--reference")
+    args.lexicon_read = read_lexicon(args.lexicon)  # a bad entry: one line naming it, before connecting
     check_output_file(args.save, "--save")
     check_output_device(args.output_device, args.save)
 
@@ -149,6 +156,7 @@ async def say(args: argparse.Namespace) -> int:
         seed=args.seed,
         format="pcm_f32le_24000",  # what the player takes, bit-exact
         model=args.model,
+        lexicon=None if args.lexicon_read is None else dict(args.lexicon_read.entries),
     )
     report = None
     try:

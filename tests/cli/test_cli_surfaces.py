@@ -130,6 +130,19 @@ def test_say_reads_piped_stdin_without_dash(server: Any, tmp_path: Path) -> None
     server.wait_idle()
 
 
+def test_say_sends_a_lexicon_checked_before_connecting(server: Any, tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"Hello": "Hi"}', encoding="utf-8")
+    bad.write_text('{"tomato": ""}', encoding="utf-8")
+    out = tmp_path / "read.wav"
+    r = run("say", "--server", server.http, "--lexicon", str(good), "--save", str(out), "Hello there.")
+    assert r.returncode == 0 and sf.info(str(out)).frames > 0, r.stderr
+    # nothing listens on port 9: the entry at fault is named before any connection
+    r = run("say", "--server", "http://127.0.0.1:9", "--lexicon", str(bad), "--save", str(out), "Hello.")
+    assert r.returncode == 2 and 'lexicon' in r.stderr and '"tomato"' in r.stderr, r.stderr
+    server.wait_idle()
+
+
 # -- 3. long lines and refusals through `say` ---------------------------------------------------
 def test_say_splits_a_line_longer_than_the_server_takes(server: Any, tmp_path: Path) -> None:
     line = SENTENCES[:1500]  # one line, five times the server's --max-text-chars
