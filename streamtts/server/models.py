@@ -84,6 +84,9 @@ class ModelSet:
         self.idle_unload_s = idle_unload_s
         self.warmup = warmup
         self._idle_task: asyncio.Task[None] | None = None
+        # idle-watch rounds left in which freed memory is collected and trimmed again: what a
+        # finished request still held when its model was unloaded goes a moment later
+        self._trim_rounds = 0
 
     @classmethod
     def of_engine(cls, engine: EngineClient, *, warmup: bool = True) -> ModelSet:
@@ -205,6 +208,7 @@ class ModelSet:
         gc.collect()  # the engine's buffers go now, not at some later collection
         _trim_heap()
         m.unloads += 1
+        self._trim_rounds = 8
         log.info("model %s unloaded (idle %.0f s)", m.id, time.monotonic() - m.idle_since)
         return True
 
@@ -217,6 +221,10 @@ class ModelSet:
             for m in self.models.values():
                 if m.engine is not None and not m.busy and now - m.idle_since >= idle:
                     await self.unload(m)
+            if self._trim_rounds:
+                self._trim_rounds -= 1
+                gc.collect()
+                _trim_heap()
 
     # -- what the server reports ---------------------------------------------------------------
     def active_streams(self) -> int:

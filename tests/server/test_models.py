@@ -197,9 +197,17 @@ def test_an_idle_model_is_unloaded_and_loads_again(members: dict[str, Path], tmp
         assert first.status_code == 200
         loaded = _rss_kib(srv)
         _wait(lambda: not _models(srv)["dialog"]["loaded"])
-        unloaded = _rss_kib(srv)
         grew = loaded - before
-        assert grew > 0 and unloaded - before < grew / 2, (before, loaded, unloaded)  # most of it came back
+        assert grew > 0, (before, loaded)
+        # most of it comes back: at the unload, or at one of the idle watch's next rounds (what
+        # the finished request still held is collected and trimmed then); the server's own
+        # rounds, not a time margin, decide it: 8 of them, 0.25 s apart here
+        for _ in range(40):
+            unloaded = _rss_kib(srv)
+            if unloaded - before < grew / 2:
+                break
+            time.sleep(0.25)
+        assert unloaded - before < grew / 2, (before, loaded, unloaded)
         again = _speech(srv, "dialog", DIALOGUE)
         assert again.status_code == 200 and again.content == first.content
         metrics = httpx.get(srv.http + "/metrics", timeout=30).text
