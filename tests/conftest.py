@@ -471,3 +471,44 @@ def page(tmp_path: Path) -> Any:
             yield ctx.new_page()
         finally:
             ctx.close()
+
+
+# -- prompts and HAProxy, as several test modules read them --------------------------------------
+def decode_prompt(config_yaml: Path, rows: Any) -> str:
+    """The text column of prompt rows (``synth --prompt-out``, a prepared request), decoded."""
+    import numpy as np
+
+    from streamtts.config import load_config
+    from streamtts.core.prompt import HFTokenizer
+
+    return HFTokenizer(load_config(config_yaml).tokenizer_dir).decode([int(t) for t in np.asarray(rows)[:, 0]])
+
+
+def prepared_requests(config_yaml: Path, requests: list[tuple[str, Any]], **overrides: Any) -> list[Any]:
+    """Each (text, StreamOptions) as the engine's preparer prepares it (the model loaded once)."""
+    import asyncio
+
+    from streamtts import Engine
+    from streamtts.request import StreamStats
+
+    async def main() -> list[Any]:
+        eng = Engine.from_config(config_yaml, n_threads=1, max_streams=1, warmup=False, **overrides)
+        async with eng:
+            return [eng._preparer.prepare(1, t, None, o, None, StreamStats()) for t, o in requests]
+
+    return asyncio.run(main())
+
+
+def haproxy_stat(run_dir: Path) -> list[dict[str, str]]:
+    """HAProxy's ``show stat`` rows, read from its admin socket in ``run_dir``."""
+    import csv
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(run_dir / "haproxy.sock"))
+        s.sendall(b"show stat\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return list(csv.DictReader(data.decode().lstrip("# ").splitlines()))

@@ -293,8 +293,8 @@ def reachable_addresses() -> list[str]:
 def _model_spec(args: argparse.Namespace, model_id: str, config: str | None, *, on_demand: bool) -> ModelSpec:
     """One served model: its config read now (its member and codebooks, for listings before it
     loads), its engine made at each load with the command line's engine options."""
+    from ..codec import model_n_vq
     from ..config import find_model_config
-    from ..core.tokens import load_token_ids
     from ..engine.assemble import model_member
     from ..engine.frontend import Engine
     from ..server.models import ModelSpec
@@ -316,8 +316,7 @@ def _model_spec(args: argparse.Namespace, model_id: str, config: str | None, *, 
         return engine
 
     cfg = make().config  # not loaded: the config only
-    mc = find_model_config(cfg)
-    return ModelSpec(model_id, cfg, make, model_member(mc).kind, load_token_ids(mc).n_vq if mc else 0, on_demand=on_demand)
+    return ModelSpec(model_id, cfg, make, model_member(find_model_config(cfg)).kind, model_n_vq(cfg), on_demand=on_demand)
 
 
 def settings_from_args(args: argparse.Namespace, max_streams: int) -> ServerSettings:

@@ -93,8 +93,7 @@ class ModelSet:
         """One engine handed in, under the default id (never unloaded)."""
         n_vq = int(engine.info.get("n_vq") or 0) if engine.info else 0
         spec = ModelSpec(DEFAULT_MODEL_ID, engine.config, lambda: engine, str(engine.info.get("model_kind", "")), n_vq, reloadable=False)
-        models = cls([spec], warmup=warmup)
-        return models
+        return cls([spec], warmup=warmup)
 
     # -- choosing ------------------------------------------------------------------------------
     @property

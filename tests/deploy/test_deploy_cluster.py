@@ -13,11 +13,9 @@ tests/server/test_server.py); seeded sampled sessions are compared one at a time
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +28,7 @@ from typing import Any
 
 import pytest
 import websockets
-from conftest import need_binary
+from conftest import haproxy_stat, need_binary
 from websockets.exceptions import ConnectionClosed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,14 +84,7 @@ class Cluster:
 
     def servers(self) -> dict[str, str]:
         """HAProxy's view: server name (r1, r2, ...) -> UP / DOWN."""
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(5)
-            s.connect(str(self.run / "haproxy.sock"))
-            s.sendall(b"show stat\n")
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
-        rows = csv.DictReader(data.decode().lstrip("# ").splitlines())
+        rows = haproxy_stat(self.run)
         return {
             r["svname"]: r["status"].split()[0]
             for r in rows

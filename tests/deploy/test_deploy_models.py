@@ -10,10 +10,8 @@ stand-in, 16) and ``tts``. A request names its model in the URL's ``?model=`` or
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ from typing import Any
 
 import pytest
 import websockets
-from conftest import need_binary
+from conftest import haproxy_stat, need_binary
 from test_deploy_cluster import Result, finished, get, say, talk, talk_sync
 from websockets.exceptions import InvalidStatus
 
@@ -52,14 +50,7 @@ class ModelCluster:
 
     def servers(self) -> dict[tuple[str, str], str]:
         """HAProxy's view: (backend, server) -> UP / DOWN."""
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(5)
-            s.connect(str(self.run / "haproxy.sock"))
-            s.sendall(b"show stat\n")
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
-        rows = csv.DictReader(data.decode().lstrip("# ").splitlines())
+        rows = haproxy_stat(self.run)
         return {
             (r["pxname"], r["svname"]): r["status"].split()[0]
             for r in rows

@@ -12,34 +12,23 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from conftest import decode_prompt, prepared_requests
 
-from streamtts.config import load_config
-from streamtts.core.prompt import HFTokenizer
 from streamtts.engine import Engine
 from streamtts.engine.prepare import LongText
 from streamtts.errors import FieldError
-from streamtts.request import StreamOptions, StreamStats
+from streamtts.request import StreamOptions
 from streamtts.text.lexicon import Lexicon
 
 TEXT = "I like Tomato soup, said the nginx admin."
 LEX = {"tomato": "tomahto", "nginx": "engine x"}
 
 
-def _decode(yaml: Path, rows: Any) -> str:
-    return HFTokenizer(load_config(yaml).tokenizer_dir).decode([int(t) for t in np.asarray(rows)[:, 0]])
 
 
-def _prepared(yaml: Path, requests: list[tuple[str, StreamOptions]], **overrides: Any) -> list[Any]:
-    async def main() -> list[Any]:
-        eng = Engine.from_config(yaml, n_threads=1, max_streams=1, warmup=False, **overrides)
-        async with eng:
-            return [eng._preparer.prepare(1, t, None, o, None, StreamStats()) for t, o in requests]  # type: ignore[arg-type]
-
-    return asyncio.run(main())
 
 
 @pytest.fixture(scope="module")
@@ -49,31 +38,31 @@ def yaml(demo_model_dir: Path) -> Path:
 
 def test_the_prompt_reads_the_lexicon(yaml: Path) -> None:
     server = Lexicon.compile({"soup": "soop", "admin": "administrator"})
-    plain, told, layered = _prepared(yaml, [
+    plain, told, layered = prepared_requests(yaml, [
         (TEXT, StreamOptions()),
         (TEXT, StreamOptions(lexicon=LEX)),
         (TEXT, StreamOptions(lexicon={"soup": "zoup"}, lexicons=(server,))),
     ])  # fmt: skip
-    assert "I like Tomato soup, said the nginx admin." in _decode(yaml, plain.prompt)
-    assert "I like tomahto soup, said the engine x admin." in _decode(yaml, told.prompt)
+    assert "I like Tomato soup, said the nginx admin." in decode_prompt(yaml, plain.prompt)
+    assert "I like tomahto soup, said the engine x admin." in decode_prompt(yaml, told.prompt)
     # the request's entry over the server's; the server's other entries still apply
-    assert "I like Tomato zoup, said the nginx administrator." in _decode(yaml, layered.prompt)
+    assert "I like Tomato zoup, said the nginx administrator." in decode_prompt(yaml, layered.prompt)
 
 
 def test_a_bad_lexicon_names_the_entry(yaml: Path) -> None:
     with pytest.raises(FieldError, match=r'lexicon\["tomato"\]: the replacement is empty'):
-        _prepared(yaml, [(TEXT, StreamOptions(lexicon={"tomato": ""}))])
+        prepared_requests(yaml, [(TEXT, StreamOptions(lexicon={"tomato": ""}))])
     with pytest.raises(FieldError, match="names a stored lexicon"):
-        _prepared(yaml, [(TEXT, StreamOptions(lexicon="lx_000000000000000000000000"))])
+        prepared_requests(yaml, [(TEXT, StreamOptions(lexicon="lx_000000000000000000000000"))])
 
 
 def test_a_long_texts_segments_are_cut_as_written_and_each_read_with_the_lexicon(yaml: Path) -> None:
     long = " ".join(f"Sentence {i} is about a tomato." for i in range(60))
-    (req,) = _prepared(yaml, [(long, StreamOptions(lexicon=LEX, max_new_tokens=20, seed=1))], n_ctx=512)
+    (req,) = prepared_requests(yaml, [(long, StreamOptions(lexicon=LEX, max_new_tokens=20, seed=1))], n_ctx=512)
     assert isinstance(req, LongText) and len(req.segments) > 1
     assert "tomato" in req.segments[0] and "tomahto" not in " ".join(req.segments)
-    (seg,) = _prepared(yaml, [(req.segments[0], StreamOptions(lexicons=req.lexicons, normalize=False))], n_ctx=512)
-    text = _decode(yaml, seg.prompt)
+    (seg,) = prepared_requests(yaml, [(req.segments[0], StreamOptions(lexicons=req.lexicons, normalize=False))], n_ctx=512)
+    text = decode_prompt(yaml, seg.prompt)
     assert "tomahto" in text and "tomato" not in text
 
 
@@ -101,7 +90,7 @@ def test_synth_lexicon_flag(yaml: Path, tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert "I like tomahto soup, said the engine x admin." in _decode(yaml, np.load(prompt))
+    assert "I like tomahto soup, said the engine x admin." in decode_prompt(yaml, np.load(prompt))
     # a bad file is refused before the model loads, naming the entry
     lex.write_text(json.dumps({"tomato": "tomahto", "nginx": 5}), encoding="utf-8")
     res = subprocess.run(

@@ -14,16 +14,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from conftest import decode_prompt, prepared_requests
 
-from streamtts.config import load_config
-from streamtts.core.prompt import HFTokenizer
 from streamtts.engine import Engine
 from streamtts.engine.prepare import LongText
-from streamtts.request import StreamOptions, StreamStats
+from streamtts.request import StreamOptions
 
 INSTRUCTION = "A middle-aged man's voice\n[calm]{slow}, deep!!"
 TEXT = 'Hello [pause 1.5s] "world"!!'
@@ -40,8 +38,6 @@ def vg_yaml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d / "config.yaml"
 
 
-def _decode(yaml: Path, rows: Any) -> str:
-    return HFTokenizer(load_config(yaml).tokenizer_dir).decode([int(t) for t in np.asarray(rows)[:, 0]])
 
 
 def test_synth_writes_the_normalised_instruction_and_text(vg_yaml: Path, tmp_path: Path) -> None:
@@ -53,22 +49,15 @@ def test_synth_writes_the_normalised_instruction_and_text(vg_yaml: Path, tmp_pat
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "100"},
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    text = _decode(vg_yaml, np.load(prompt))
+    text = decode_prompt(vg_yaml, np.load(prompt))
     assert WANT_INSTRUCTION in text and WANT_TEXT in text, text
 
 
-def _prepared(yaml: Path, requests: list[tuple[str, StreamOptions]], **overrides: Any) -> list[Any]:
-    async def main() -> list[Any]:
-        eng = Engine.from_config(yaml, n_threads=1, max_streams=1, warmup=False, **overrides)
-        async with eng:
-            return [eng._preparer.prepare(1, t, None, o, None, StreamStats()) for t, o in requests]  # type: ignore[arg-type]
-
-    return asyncio.run(main())
 
 
 def test_normalisation_off_writes_them_as_given(vg_yaml: Path) -> None:
-    (req,) = _prepared(vg_yaml, [(TEXT, StreamOptions(instruction=INSTRUCTION, normalize=False))])
-    text = _decode(vg_yaml, req.prompt)
+    (req,) = prepared_requests(vg_yaml, [(TEXT, StreamOptions(instruction=INSTRUCTION, normalize=False))])
+    text = decode_prompt(vg_yaml, req.prompt)
     assert f"- Instruction:\n{INSTRUCTION}\n" in text and f"- Text:\n{TEXT}\n" in text, text
 
 
@@ -77,7 +66,7 @@ def test_a_long_texts_segments_carry_the_normalised_instruction(vg_yaml: Path) -
     long = " ".join(f"Sentence number {i} is here." for i in range(60))
     options = StreamOptions(instruction=INSTRUCTION, max_new_tokens=20, seed=1)
     want = "A middle，aged man's voice , deep!"  # noqa: RUF001
-    (req,) = _prepared(vg_yaml, [(long, options)], n_ctx=512)
+    (req,) = prepared_requests(vg_yaml, [(long, options)], n_ctx=512)
     assert isinstance(req, LongText) and len(req.segments) > 1 and req.instruction == want
 
     async def first_segment() -> str:
@@ -95,5 +84,5 @@ def test_a_long_texts_segments_carry_the_normalised_instruction(vg_yaml: Path) -
 def test_another_member_keeps_its_instruction(demo_model_dir: Path) -> None:
     """The demo model (MOSS-TTS, the GitHub normaliser on the text only)."""
     yaml = demo_model_dir / "config.yaml"
-    (req,) = _prepared(yaml, [("Hello there.", StreamOptions(instruction=INSTRUCTION))])
-    assert f"- Instruction:\n{INSTRUCTION}\n" in _decode(yaml, req.prompt)
+    (req,) = prepared_requests(yaml, [("Hello there.", StreamOptions(instruction=INSTRUCTION))])
+    assert f"- Instruction:\n{INSTRUCTION}\n" in decode_prompt(yaml, req.prompt)
