@@ -129,9 +129,21 @@ class Outbox:
 
     async def next(self) -> tuple[Item, float]:
         """The next frame and its audio seconds (0 for a message)."""
+        await self.wait_ready()
+        return self.pop()
+
+    async def wait_ready(self) -> None:
+        """Until something waits to be sent."""
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
+
+    def audio_next(self) -> bool:
+        """Whether the frame to go next is audio (a message goes without pacing)."""
+        return bool(self._items) and _is_audio(self._items[0][0])
+
+    def pop(self) -> tuple[Item, float]:
+        """The next frame and its audio seconds (there is one: :meth:`wait_ready`)."""
         item, seconds, cid = self._items.popleft()
         if isinstance(item, (bytes, ContextFrame)):
             self._audio_items -= 1
@@ -200,7 +212,7 @@ class WsConnection:
             "extensions", {}
         ).get(PING_EXTENSION)
         self.listener = Listener(state.settings.send_lead_s, acks=self._ack_ping is not None)
-        self._acked = asyncio.Event()  # an acknowledgement came back
+        self._wake = asyncio.Event()  # for the paced sender: an acknowledgement or an abort
         self._ack_pending = False
         self.session = Session(
             state.settings.session,
@@ -376,14 +388,18 @@ class WsConnection:
     async def _send_loop(self) -> None:
         try:
             while True:
-                item, seconds = await self.outbox.next()
+                await self.outbox.wait_ready()
+                # audio is paced while it is still queued: an abort meanwhile drops it, and the
+                # error and close behind it go at once (a drain's cut, a barge-in)
+                if self.outbox.audio_next() and await self._pace():
+                    continue
+                item, seconds = self.outbox.pop()
                 if isinstance(item, Close):
                     await self.ws.close(item.code, item.reason)
                     return
                 if isinstance(item, str):
                     await self.ws.send_text(item)
                     continue
-                await self._pace()
                 if isinstance(item, ContextFrame):
                     await self.ws.send_text(item.header)
                     item = item.data
@@ -393,12 +409,17 @@ class WsConnection:
         except (WebSocketDisconnect, OSError, RuntimeError) as exc:
             log.debug("session %s: send ended: %s", self.session.id, exc)
 
-    async def _pace(self) -> None:
-        """Wait until the listener has consumed enough for more audio (pacing.py)."""
-        while (wait := self.listener.wait_s()) > 0:
-            self._acked.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._acked.wait(), wait)
+    async def _pace(self) -> bool:
+        """Wait while the listener has not consumed enough for more audio (pacing.py), until
+        an acknowledgement, an abort or the time a real-time listener needs; False at once
+        when audio may go now."""
+        wait = self.listener.wait_s()
+        if wait <= 0:
+            return False
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), wait)
+        return True
 
     def _ask_ack(self) -> None:
         """One acknowledgement ping in flight, behind the audio sent last."""
@@ -416,7 +437,7 @@ class WsConnection:
         if done.cancelled():
             return
         self.listener.acked(upto)
-        self._acked.set()
+        self._wake.set()
         if self.listener.sent_s > upto:
             self._ask_ack()
 
@@ -552,6 +573,7 @@ class WsConnection:
                 self._pipeline(a.context_id).end()
             elif isinstance(a, Abort):
                 self.outbox.drop_audio(a.context_id)
+                self._wake.set()
                 # the runners themselves return once the session is closed
                 await self._stop_runners(a.context_id, every=a.context_id is None)
             elif isinstance(a, Close):

@@ -22,9 +22,11 @@ from streamtts.errors import VoiceStoreUnavailableError
 from streamtts.server.app_state import ServerSettings, ServerState
 from streamtts.server.drain import EXIT_GRACE_S, FLUSH_GRACE_S, Drain
 from streamtts.server.models import ModelSet
+from streamtts.server.pacing import PING_EXTENSION, Listener
 from streamtts.server.protocol import CloseCode, ErrorCode
 from streamtts.server.session import Abort, Close, SendText, Session, SessionSettings
 from streamtts.server.voices import VoiceStore
+from streamtts.server.ws import WsConnection
 
 # -- the session (sans-I/O) -------------------------------------------------------------------
 
@@ -162,6 +164,53 @@ def test_a_drain_with_nothing_live_finishes_at_once() -> None:
     assert asyncio.run(run(2))[1] == FLUSH_GRACE_S
 
 
+# -- the WebSocket sender: a cut is not held behind paced audio ---------------------------------
+
+
+class RecordingWs:
+    """The parts of a Starlette WebSocket the sender uses; what it sends is recorded."""
+
+    client = None
+    headers: dict[str, str] = {}
+    query_params: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        # acknowledgement pings that never come back: a listener that has read nothing yet
+        self.scope = {"extensions": {PING_EXTENSION: lambda: asyncio.get_running_loop().create_future()}}
+        self.sent: list[Any] = []
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    async def send_text(self, data: str) -> None:
+        self.sent.append(json.loads(data)["code"])
+
+    async def close(self, code: int, reason: str = "") -> None:
+        self.sent.append(code)
+
+
+def test_a_cut_goes_out_at_once_while_audio_waits_for_the_listener() -> None:
+    async def run() -> list[Any]:
+        settings = ServerSettings(send_lead_s=1.0)
+        state = ServerState(ModelSet.of_engine(FakeEngine()), settings, VoiceStore(_encode))
+        ws = RecordingWs()
+        conn = WsConnection(ws, state)  # type: ignore[arg-type]
+        # a listener whose clock stands still: the audio beyond the lead waits until acked
+        conn.listener = Listener(1.0, acks=True, clock=lambda: 100.0)
+        for chunk in (b"a", b"b", b"c"):
+            conn.outbox.put(chunk, 1.0)
+        sender = asyncio.create_task(conn._send_loop())
+        while len(ws.sent) < 2:
+            await asyncio.sleep(0.01)
+        conn.session.shutdown(2)  # the drain's cut: abort, error, close 1001
+        await conn._apply(conn.session.actions())
+        await asyncio.wait_for(sender, 5)  # the sender returns after the close
+        return ws.sent
+
+    # "c" was paced (2 s sent, none consumed, lead 1 s); the cut dropped it, not waited for it
+    assert asyncio.run(run()) == [b"a", b"b", ErrorCode.SERVER_SHUTDOWN, CloseCode.GOING_AWAY]
+
+
 # -- a real server whose drain time runs out ---------------------------------------------------
 
 TOKEN = "drain-secret"
@@ -174,7 +223,7 @@ def server(serve: Any) -> Any:
     return serve(
         "--n-threads", "1", "--max-streams", "6", "--max-sessions", "4", "--token", TOKEN,
         "--segment-max-new-tokens", "44", "--send-buffer", "1", "--send-stall", "30",
-        "--drain-timeout", "2",
+        "--drain-timeout", "2", "--send-lead", "1",
         # small kernel buffers: generation waits for the listener, so streams are still running
         "--socket-send-buffer", "16384",
     )  # fmt: skip
@@ -233,10 +282,11 @@ def test_admin_drain_cuts_what_is_still_running_at_the_timeout_and_exits_0(serve
                 async for frame in ws:
                     if isinstance(frame, bytes):
                         out["audio"] += len(frame)
-                        # a listener taking audio at 8x real time: what the server buffered for
-                        # it (about 2 s of audio) takes 0.25 s, so the cut's error and close
-                        # reach it well within the server's close grace (drain.CLOSE_GRACE_S,
-                        # 0.75 s; at 4x a loaded machine missed it)
+                        # a listener taking audio at 8x real time: what the server wrote
+                        # ahead of it (--send-lead 1: about 1.6 s of audio with the chunk in
+                        # flight) takes 0.2 s, so the cut's error and close reach it well within
+                        # the server's close grace (drain.CLOSE_GRACE_S, 0.75 s; with the 4 s
+                        # default lead a loaded machine missed it)
                         await asyncio.sleep(len(frame) / 384000)
                     elif json.loads(frame)["type"] == "error":
                         out["errors"].append(json.loads(frame))
