@@ -101,6 +101,8 @@ class AudioStream:
         # a session's next segment (set before it starts): admitted before new streams and
         # never refused for capacity (engine/capacity.py)
         self.priority = False
+        self.session = 0  # the segmented pipeline it belongs to (0: none) ...
+        self.reserve = 0  # ... and the streams that pipeline runs beside it (waiting.py)
 
     @property
     def segments_done(self) -> int:
@@ -157,7 +159,7 @@ class AudioStream:
             raise OverloadedError(
                 f"all {core.capacity} stream slots are busy and {core.queued_streams} requests are waiting"
             )
-        refused = None if self.priority else core.refusal()
+        refused = None if self.priority else core.refusal(self.reserve)
         if refused is not None:  # at once, before the request is prepared
             core.admission.refused_early += 1
             raise refused
@@ -184,7 +186,7 @@ class AudioStream:
             return
         self._sink = sink
         self.prompt = req.prompt
-        req.priority = self.priority
+        req.priority, req.session, req.reserve = self.priority, self.session, self.reserve
         if wants_timestamps(self._options):
             self._timer = ChunkTimer(self._text, self._options)
         core.submit(req)

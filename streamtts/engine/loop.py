@@ -191,16 +191,18 @@ class EngineCore:
         """One tick: ``schedule -> execute -> update``."""
         self.ticks += 1
         plan = self.scheduler.schedule()
+        t0 = time.perf_counter()
+        # timed from start to start: what N streams cost when no prompt is fed
+        self.admission.tick_started(int(plan.decode.size), not (plan.empty or plan.prefill or plan.loads), t0)
         if plan.empty:
             return
-        t0 = time.perf_counter()
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
             self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)
         if result.slots.size:
             self.update(result)
-            if not (plan.prefill or plan.loads):  # a steady tick: what N streams cost
-                self.admission.observe(int(plan.decode.size), time.perf_counter() - t0)
+        if not self.slots.active:
+            self.admission.untimed()  # the loop waits for work next: not this tick's cost
 
     def _drain_commands(self, block: bool) -> bool:
         if not block and self._commands.empty():  # the usual tick: no exception raised and caught
@@ -221,10 +223,11 @@ class EngineCore:
             else:
                 return False
 
-    def refusal(self) -> OverloadedError | None:
+    def refusal(self, reserve: int = 0) -> OverloadedError | None:
         """By capacity, the error that would refuse a new stream now (read by the front end
-        too, before it prepares a request); None when it may start or wait."""
-        return self.waiting.refusal()
+        too, before it prepares a request; ``reserve``: the streams its session will run
+        beside it); None when it may start or wait."""
+        return self.waiting.refusal(reserve)
 
     def _admit_waiting(self) -> None:
         for slot, req in self.waiting.admissible():
@@ -261,6 +264,7 @@ class EngineCore:
         if held is not None:  # its step counts, as at each chunk (an abort or failure ends here)
             held.req.stats.steps = int(self.slots.steps[slot])
             held.req.stats.step_s = float(self.slots.step_s[slot])
+            self.waiting.ended(held.req)
         try:  # the cells first: a slot that shows free holds none
             self.backbone.seq_rm(slot)
         except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -87,6 +88,7 @@ __all__ = [
 DEFAULT_FADE_MS = 5.0
 DEFAULT_CONTINUITY_FRAMES = 16  # the first 1.28 s of the first segment become the voice of the rest
 _SEED_MASK = (1 << 63) - 1
+_SESSIONS = itertools.count(1)
 
 Float32Array = npt.NDArray[np.float32]
 
@@ -96,6 +98,8 @@ class SegmentStream(Protocol):
 
     stats: StreamStats
     priority: bool  # set before it starts: a session's next segment (admitted first)
+    session: int  # ... the pipeline it belongs to, and the streams that runs beside it
+    reserve: int
 
     def __aiter__(self) -> AsyncIterator[AudioChunk]: ...
 
@@ -221,6 +225,7 @@ class SegmentedSpeech:
         # the first segment continues the speakers' own clips (Engine.stream's speaker_texts)
         self.speaker_texts = dict(speaker_texts) if speaker_texts else None
         self.lookahead = max(0, lookahead)
+        self.session = next(_SESSIONS)  # admission counts a session's streams together
         self.continuity_frames = max(1, continuity_frames)
         self.fade_samples = int(round(fade_ms * SAMPLE_RATE / 1000.0))
         self._pending: deque[tuple[int, str]] = deque()
@@ -299,6 +304,9 @@ class SegmentedSpeech:
         try:
             s = self.engine.stream(g.text, **self._voices(g.index), options=self._segment_options(g.index))
             s.priority = g.index > 0  # the session is under way: its next segment goes first
+            # admission holds room for the segments this one runs beside (engine/waiting.py)
+            s.session = self.session
+            s.reserve = self.lookahead if self._pending or not self._ended else 0
             g.stats = s.stats
             async with s:
                 async for chunk in s:

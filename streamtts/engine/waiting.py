@@ -4,6 +4,14 @@ A session's next segment waits ahead of new streams and is never refused for cap
 ``admission: capacity`` a new stream that cannot start at once waits only while its first
 audio can still come within ``first_audio_deadline_s``; otherwise it is refused when it
 arrives (:meth:`WaitingQueue.refusal`) or when its wait runs out (:meth:`WaitingQueue.expire`).
+
+A session of several segments runs its next segment beside the one playing (generated ahead,
+so that it is ready when the first ends: ``PreparedRequest.reserve`` streams more). Counting
+only the streams running, a new session was admitted while another was between two segments
+or had not started its next one yet, and then that session's next segment waited for a slot
+while its listener ran dry. So capacity is counted by demand: each session with a stream
+running holds room for its streams to come (``reserve``), and a new stream starts only with
+room for itself and what its own session will run.
 Engine-thread only, but :meth:`refusal` (a read) is also asked by the front end before it
 prepares a request; the engine asks again when the request arrives.
 """
@@ -38,6 +46,38 @@ class WaitingQueue:
         self._reject = reject  # ends a request that will not start, with its error
         self.requests: deque[PreparedRequest] = deque()
         self._queued_at: dict[int, float] = {}  # rid -> when it joined the queue
+        # session -> [its streams running, the streams it runs beside one (its latest request's)]
+        self._sessions: dict[int, list[int]] = {}
+
+    @property
+    def demand(self) -> int:
+        """The streams running plus the room the sessions running hold for their next ones."""
+        held = sum(max(0, 1 + reserve - running) for running, reserve in self._sessions.values())
+        return self.slots.active + held
+
+    def started(self, req: PreparedRequest) -> None:
+        """``req`` took a slot (its session's room counts from here)."""
+        if req.session:
+            held = self._sessions.setdefault(req.session, [0, 0])
+            held[0] += 1
+            held[1] = req.reserve  # the last segment's says that no more are coming
+
+    def ended(self, req: PreparedRequest) -> None:
+        """``req``'s slot is free: a session with no stream running holds no room (one whose
+        next segment comes later, streamed text, asks again like a new one would)."""
+        held = self._sessions.get(req.session) if req.session else None
+        if held is not None:
+            held[0] -= 1
+            if held[0] <= 0:
+                del self._sessions[req.session]
+
+    def _room(self, req_reserve: int | None) -> bool:
+        """By capacity, whether one more stream fits: a session's next segment (None) in the
+        streams running (its room was held for it); a new one with ``req_reserve`` more
+        beside it, in what every session holds."""
+        if req_reserve is None:
+            return self.admission.admits(self.slots.active)
+        return self.admission.admits(self.demand + req_reserve)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -55,8 +95,8 @@ class WaitingQueue:
             at = next((i for i, r in enumerate(self.requests) if not r.priority), len(self.requests))
             self.requests.insert(at, req)
             return
-        if self.by_capacity and not self._startable():
-            err = self.refusal()
+        if self.by_capacity and not self._startable(req.reserve):
+            err = self.refusal(req.reserve)
             if err is not None:
                 self.admission.refused += 1
                 del self._queued_at[req.rid]
@@ -65,18 +105,16 @@ class WaitingQueue:
             self.admission.queued += 1
         self.requests.append(req)
 
-    def _startable(self) -> bool:
-        """Whether a new stream would start at once (nothing queued, a slot and capacity)."""
-        return (
-            not self.requests
-            and self.slots.free_slot() is not None
-            and self.admission.admits(self.slots.active)
-        )
+    def _startable(self, reserve: int) -> bool:
+        """Whether a new stream (its session running ``reserve`` more beside it) would start
+        at once: nothing queued, a slot and capacity."""
+        return not self.requests and self.slots.free_slot() is not None and self._room(reserve)
 
-    def refusal(self) -> OverloadedError | None:
-        """By capacity: the error refusing a new stream that cannot start now and would wait
-        past its first-audio deadline; None when it may start or wait."""
-        if not self.by_capacity or self._startable():
+    def refusal(self, reserve: int = 0) -> OverloadedError | None:
+        """By capacity: the error refusing a new stream (its session running ``reserve`` more
+        beside it) that cannot start now and would wait past its first-audio deadline; None
+        when it may start or wait."""
+        if not self.by_capacity or self._startable(reserve):
             return None
         cap, ahead = self.admission, len(self.requests)
         if not cap.refuses(ahead):
@@ -114,12 +152,14 @@ class WaitingQueue:
             slot = self.slots.free_slot()
             if slot is None:
                 return
-            if self.by_capacity and not self.admission.admits(self.slots.active):
+            head = self.requests[0]
+            if self.by_capacity and not self._room(None if head.priority else head.reserve):
                 return
             req = self.requests.popleft()
             self._queued_at.pop(req.rid, None)
             if not req.sink.cancelled:
                 self.admission.admitted += 1
+                self.started(req)
                 yield slot, req
 
     def remove(self, rid: int) -> bool:

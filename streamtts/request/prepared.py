@@ -33,6 +33,11 @@ class PreparedRequest:
     keep_rows: bool = False  # StreamOptions.rows: hand the raw generated rows out on the chunks
     # a session's next segment: starts before new streams and is never refused for capacity
     priority: bool = False
+    # the session (a segmented speech pipeline) the request belongs to, 0: none; and how many
+    # streams that session runs beside this one while it generates ahead (its next segments):
+    # a new session is admitted only with room for them (engine/waiting.py)
+    session: int = 0
+    reserve: int = 0
     chunk_frames: tuple[int, ...] = ()  # StreamOptions.chunk_frames; () = the config's
     playback_buffer_s: float = 0.0  # the client's playback buffer (0: not said)
     stats: StreamStats = field(default_factory=StreamStats)

@@ -120,3 +120,34 @@ def test_a_sessions_next_segment_starts_before_a_new_stream(demo_model_dir: Path
 
     nxt_at, new_at = asyncio.run(main())
     assert nxt_at < new_at
+
+
+def test_a_new_session_needs_room_for_the_segments_it_runs_ahead(demo_model_dir: Path) -> None:
+    async def main() -> None:
+        # capacity 2: the hard cap (the demo model steps 2 streams in a few ms of a frame's 80)
+        async with Engine.from_config(
+            demo_model_dir / "config.yaml", n_threads=1, max_streams=2, admission="capacity",
+            realtime_margin=0.0, first_audio_deadline_s=0.01,
+        ) as e:  # fmt: skip
+            for i in range(3):  # streams that end: the finish rate is measured
+                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+            assert e.admission_info()["capacity_streams"] == 2
+            # a session of several segments: its first runs, its next will run beside it
+            first = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
+            first.session, first.reserve = 41, 1
+            await anext(aiter(first))
+            assert e.active_streams == 1
+            # one stream running of 2: a lone stream would fit, but the room is the session's
+            lone = e.stream("Refused.", options=StreamOptions(seed=8))
+            with pytest.raises(OverloadedError):
+                await anext(aiter(lone))
+            # the session's next segment takes the room held for it
+            nxt = e.stream("Next segment.", options=StreamOptions(seed=9, fixed_frames=6))
+            nxt.priority, nxt.session, nxt.reserve = True, 41, 0
+            assert await _drain(nxt) == 6
+            # its last segment said no more are coming: the room is free again
+            fits = e.stream("Fits now.", options=StreamOptions(seed=10, fixed_frames=4))
+            assert await _drain(fits) == 4
+            await first.aclose()
+
+    asyncio.run(main())

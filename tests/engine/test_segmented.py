@@ -349,3 +349,28 @@ def test_real_engine_is_reproducible(engine: Any) -> None:
     a = loop.run_until_complete(once())
     b = loop.run_until_complete(once())
     assert np.array_equal(a, b)
+
+
+def test_each_segment_tells_admission_its_session_and_what_runs_beside_it() -> None:
+    eng = FakeEngine()
+    voice = Voice(codes=np.ones((4, 32), np.int64))
+
+    async def main() -> tuple[int, int]:
+        a = SegmentedSpeech(eng, reference=voice, lookahead=1, fade_ms=0)
+        for t in ("3 a", "3 b", "3 c"):
+            a.add(t)
+        a.end()
+        await collect(a)
+        b = SegmentedSpeech(eng, reference=voice, lookahead=1, fade_ms=0)
+        b.add("3 alone")
+        b.end()
+        await collect(b)
+        return a.session, b.session
+
+    sa, sb = run(main())
+    assert sa != sb and sa > 0 and sb > 0
+    got = [(s.text, s.session, s.reserve, s.priority) for s in eng.streams]
+    # the next segments are room held by the first; the last one says no more are coming
+    assert got == [
+        ("3 a", sa, 1, False), ("3 b", sa, 1, True), ("3 c", sa, 0, True), ("3 alone", sb, 0, False),
+    ]
