@@ -1,14 +1,9 @@
 """Admission by measured capacity: how many streams the engine steps in real time.
 
 A tick steps every running stream one frame (80 ms of audio), so the streams stay ahead
-of real-time listeners while ticks come at least once a frame. The engine times its own
-ticks from start to start (``tick_started``): a tick's period is everything the machine did
-before the next one could start, the backbone's call, the heads and sampling, the loop's
-bookkeeping, the codec's calls between two backbone turns (on CPU they share the cores),
-and what the server's own threads took of the cores and the GIL meanwhile. Timing the
-backbone's call alone counted none of that: on 2 cores it measured 15 streams where 11 kept
-real time. A tick that fed a prompt is not timed (it costs more than its streams); nor is
-one after which the loop sat idle. It keeps a running average per count of streams; counts not seen yet are read off a
+of real-time listeners while a tick takes less than a frame. The engine times its own
+ticks (``observe``: the streams a tick stepped and its wall time, codec turns included)
+and keeps a running average per count of streams; counts not seen yet are read off a
 straight line through the counts seen (one count seen: in proportion to it, the
 pessimistic guess, which the next admitted stream then measures). Nothing is set per
 machine or model.
@@ -63,7 +58,6 @@ class Capacity:
         self.seen = np.zeros(max_streams + 1, dtype=np.int64)  # ticks observed per count
         self._finishes: deque[float] = deque(maxlen=_FINISHES)
         self._capacity: int | None = None  # cached; None: recompute
-        self._timing: tuple[int, float] | None = None  # the tick being timed: (streams, start)
         # decisions so far (read by the server's metrics)
         self.admitted = 0
         self.queued = 0
@@ -71,19 +65,6 @@ class Capacity:
         self.refused_early = 0  # by the front end, before preparing (its thread's own counter)
 
     # -- what the engine measures ----------------------------------------------------------
-    def tick_started(self, streams: int, steady: bool, t: float) -> None:
-        """A tick starts at ``t`` stepping ``streams`` streams (``steady``: it feeds no prompt,
-        so it costs what that many streams cost). The tick before it, when that was timed,
-        took from its start until ``t``."""
-        if self._timing is not None:
-            n, t0 = self._timing
-            self.observe(n, t - t0)
-        self._timing = (streams, t) if steady and streams > 0 else None
-
-    def untimed(self) -> None:
-        """The tick under way is not timed to the next start (the loop goes idle after it)."""
-        self._timing = None
-
     def observe(self, streams: int, tick_s: float) -> None:
         """A tick stepped ``streams`` streams (no prompt fed) in ``tick_s`` seconds."""
         if not 1 <= streams <= self.max_streams:
@@ -105,7 +86,6 @@ class Capacity:
         self.tick_s[:] = 0.0
         self.seen[:] = 0
         self._capacity = None
-        self._timing = None
 
     def finished(self) -> None:
         """A stream ended (done, failed or aborted) and its slot is free for a new one."""

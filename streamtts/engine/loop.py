@@ -191,18 +191,16 @@ class EngineCore:
         """One tick: ``schedule -> execute -> update``."""
         self.ticks += 1
         plan = self.scheduler.schedule()
-        t0 = time.perf_counter()
-        # timed from start to start: what N streams cost when no prompt is fed
-        self.admission.tick_started(int(plan.decode.size), not (plan.empty or plan.prefill or plan.loads), t0)
         if plan.empty:
             return
+        t0 = time.perf_counter()
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
             self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)
         if result.slots.size:
             self.update(result)
-        if not self.slots.active:
-            self.admission.untimed()  # the loop waits for work next: not this tick's cost
+            if not (plan.prefill or plan.loads):  # a steady tick: what N streams cost
+                self.admission.observe(int(plan.decode.size), time.perf_counter() - t0)
 
     def _drain_commands(self, block: bool) -> bool:
         if not block and self._commands.empty():  # the usual tick: no exception raised and caught

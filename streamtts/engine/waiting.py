@@ -77,7 +77,9 @@ class WaitingQueue:
         beside it, in what every session holds."""
         if req_reserve is None:
             return self.admission.admits(self.slots.active)
-        return self.admission.admits(self.demand + req_reserve)
+        demand = self.demand
+        # an idle engine starts any session (one too slow for its two streams still serves it)
+        return demand == 0 or self.admission.admits(demand + req_reserve)
 
     def __len__(self) -> int:
         return len(self.requests)

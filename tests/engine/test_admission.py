@@ -151,3 +151,16 @@ def test_a_new_session_needs_room_for_the_segments_it_runs_ahead(demo_model_dir:
             await first.aclose()
 
     asyncio.run(main())
+
+
+def test_an_idle_engine_starts_a_session_it_has_no_room_to_run_ahead_for(demo_model_dir: Path) -> None:
+    async def main() -> int:
+        async with capacity_engine(demo_model_dir, deadline_s=0.01) as e:  # capacity 1
+            for i in range(3):  # streams that end: the finish rate is measured
+                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+            assert e.admission_info()["capacity_streams"] == 1
+            s = e.stream("A session of several segments.", options=StreamOptions(seed=5, fixed_frames=5))
+            s.session, s.reserve = 42, 1
+            return await _drain(s)
+
+    assert asyncio.run(main()) == 5

@@ -70,22 +70,3 @@ def test_wait_and_refusal_from_the_measured_finish_rate() -> None:
     clock.t += 500.0  # long ago: unknown again
     assert c.finish_rate() is None
 
-
-def test_a_tick_is_timed_from_its_start_to_the_next_start() -> None:
-    c = Capacity(max_streams=8, margin=0.0, deadline_s=2.0)
-    t = 0.0
-    for _ in range(30):  # 3 streams: 50 ms from one start to the next (the backbone's call
-        c.tick_started(3, True, t)  # is part of it; the codec and the loop's work the rest)
-        t += 0.050
-    assert c.estimate(3) == pytest.approx(0.050)
-    c.tick_started(4, False, t)  # a tick that feeds a prompt: not timed
-    t += 0.500
-    c.tick_started(4, True, t)
-    t += 0.060
-    c.untimed()  # the loop went idle after it: the wait is not its cost
-    t += 30.0
-    c.tick_started(4, True, t)
-    assert c.seen[4] == 0 and c.seen[3] == 30
-    t += 0.060
-    c.tick_started(0, False, t)  # every stream paused: the 4-stream tick ends here
-    assert c.seen[4] == 1 and c.estimate(4) == pytest.approx(0.060)

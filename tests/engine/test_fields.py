@@ -21,11 +21,11 @@ from long_text_engine import engine  # noqa: F401 (the module's fixture)
 from streamtts.core.family import MEMBERS
 from streamtts.core.prompt import PromptSpec
 from streamtts.engine.assemble import model_member
-from streamtts.request.voices import speaker_tuple
 from streamtts.engine.frontend import Engine
 from streamtts.engine.prepare import join_prefix_text
 from streamtts.errors import InputError, ModelFileError
 from streamtts.request import StreamOptions, Voice
+from streamtts.request.voices import speaker_tuple
 from streamtts.sync import SyncEngine
 
 SHORT = StreamOptions(seed=1, max_new_tokens=36)
