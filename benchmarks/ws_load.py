@@ -64,7 +64,7 @@ async def session(
     if buffer_ms is not None:
         start["playback_buffer_ms"] = buffer_ms
     t_connect = time.monotonic()
-    out: dict[str, Any] = {"arrivals": [], "outcome": "failed"}
+    out: dict[str, Any] = {"arrivals": [], "events": [], "outcome": "failed", "t_connect": t_connect}
     try:
         async with websockets.connect(url, max_size=None, compression=None, open_timeout=30) as ws:
             await ws.send(json.dumps(start))
@@ -91,6 +91,7 @@ async def session(
                     out.setdefault("ttfa_s", now - t_text)
                     continue
                 ev = json.loads(msg)
+                out["events"].append((now, ev))
                 if ev["type"] == "done":
                     out["outcome"] = "done"
                     break
@@ -161,6 +162,13 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
         "refusal_ms_max": round(max(answers), 1) if answers else None,
         **continuity_row([r["arrivals"] for r in done]),
     }
+    if a.detail:  # every session: when it connected, its outcome, TTFA and audio arrivals
+        row["detail"] = [
+            {"t": round(r["t_connect"] - t0, 3), "outcome": r["outcome"], "ttfa_s": r.get("ttfa_s"),
+             "events": [(round(t - r["t_connect"], 3), ev) for t, ev in r["events"]],
+             "arrivals": [(round(t - r["t_connect"], 3), round(s, 3)) for t, s in r["arrivals"]]}
+            for r in res
+        ]  # fmt: skip
     return row
 
 
@@ -242,6 +250,7 @@ if __name__ == "__main__":
         "--playback-buffer-ms", type=float,
         help="the playback buffer each session's `start` declares (playback_buffer_ms; default: none)",
     )  # fmt: skip
+    p.add_argument("--detail", action="store_true", help="keep every session's events and audio arrivals in --out")
     p.add_argument("--out", help="write the results as JSON")
     args = p.parse_args()
     result = asyncio.run(main(args))

@@ -259,19 +259,22 @@ class EngineCore:
         """Empty a slot (its row, KV cells, prefix claims, place in the prefill queue) and
         hand ``final`` to the decode thread."""
         held = self.slots.streams[slot]
+        demand = self.waiting.demand
         if held is not None:  # its step counts, as at each chunk (an abort or failure ends here)
             held.req.stats.steps = int(self.slots.steps[slot])
             held.req.stats.step_s = float(self.slots.step_s[slot])
-            self.waiting.ended(held.req)
         try:  # the cells first: a slot that shows free holds none
             self.backbone.seq_rm(slot)
         except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
             log.exception("could not free KV cache of slot %d", slot)
         s = self.slots.release(slot)
         self.scheduler.released(slot)
-        if s is not None and not self.waiting.next_is_priority:
-            # a slot a new stream can have (a session's next segment waiting takes it first):
-            # the rate of these is what a new stream's wait is estimated from
+        if s is not None:
+            self.waiting.ended(s.req)
+        if s is not None and self.waiting.demand < demand and not self.waiting.next_is_priority:
+            # room a new stream can have (not a segment ending while its session holds the
+            # room for the next, nor one a session's next segment waiting takes first): the
+            # rate of these is what a new stream's wait is estimated from
             self.admission.finished()
         if s is not None and final is not None:
             self.decoder.submit(final)

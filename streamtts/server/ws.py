@@ -417,8 +417,13 @@ class WsConnection:
         if wait <= 0:
             return False
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), wait)
+        # a timer, not wait_for: this runs for every frame of every paced session, and
+        # wait_for's task, timeout and cancellation were a tenth of the event loop's time
+        timer = asyncio.get_running_loop().call_later(wait, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            timer.cancel()
         return True
 
     def _ask_ack(self) -> None:
