@@ -8,8 +8,19 @@ straight line through the counts seen (one count seen: in proportion to it, the
 pessimistic guess, which the next admitted stream then measures). Nothing is set per
 machine or model.
 
+A tick's own time does not count what the machine did between ticks: on 2 cores the
+server's event loop and the codec's thread take the GIL and the cores from the engine's
+thread, and under load whole seconds passed at a tenth of the usual tick rate while the
+estimate (each tick clipped to twice the average) hardly moved. So the engine also judges
+its pace over windows of about a second (``tick_started``: ticks timed start to start, all
+of that counted). A window whose ticks came slower than the margin allows lowers a limit on
+the capacity to three quarters of the streams it stepped; each window in time raises it by
+half a stream, up to the estimate. (Timing ticks start to start for the estimate itself was
+tried: once the estimate fell, everything beyond it was refused, no tick at a higher count
+was seen again, and it never rose.)
+
 ``streams()``, the capacity, is the most streams whose estimated tick plus ``margin`` of
-it still fits in a frame (at least one: a machine too slow for one stream in real time
+it still fits in a frame, and no more than that limit (at least one: a machine too slow for one stream in real time
 serves one). A new stream is admitted only below it and below ``max_streams``, the hard
 cap. One that cannot be admitted may wait only while its first audio can still come
 within ``deadline_s``; the wait is estimated from the measured rate at which streams
@@ -38,6 +49,9 @@ _TRUSTED = 20  # ticks after which a count's own average is used rather than the
 _FIRST = 3  # a count's first ticks: the fastest of them starts its average
 _FINISHES = 32  # stream ends the finish rate is measured over
 _FINISH_WINDOW_S = 120.0  # ... within this many seconds
+_WINDOW_S = 1.0  # the engine's pace is judged over windows of about this long
+_BACKOFF = 0.75  # a window behind: the limit falls to this share of the streams it stepped
+_RECOVER = 0.5  # a window in time: the limit rises by this many streams
 
 
 class Capacity:
@@ -58,6 +72,10 @@ class Capacity:
         self.seen = np.zeros(max_streams + 1, dtype=np.int64)  # ticks observed per count
         self._finishes: deque[float] = deque(maxlen=_FINISHES)
         self._capacity: int | None = None  # cached; None: recompute
+        self.limit = float(max_streams)  # from the windows' pace (see above)
+        self.windows_behind = 0  # windows whose ticks came slower than the margin allows
+        self._win: list[float] | None = None  # [start, ticks, streams stepped] of the open window
+        self._last_streams = 0  # the streams the tick under way steps
         # decisions so far (read by the server's metrics)
         self.admitted = 0
         self.queued = 0
@@ -81,11 +99,41 @@ class Capacity:
         self.seen[streams] += 1
         self._capacity = None
 
+    def tick_started(self, streams: int, t: float) -> None:
+        """A tick stepping ``streams`` streams starts at ``t`` (the previous one, if timed,
+        ended here)."""
+        w = self._win
+        if w is None:
+            self._win = [t, 0.0, 0.0]
+        else:
+            w[1] += 1
+            w[2] += self._last_streams
+            if t - w[0] >= _WINDOW_S:
+                self.window(w[2] / w[1], (t - w[0]) / w[1])
+                self._win = [t, 0.0, 0.0]
+        self._last_streams = streams
+
+    def untimed(self) -> None:
+        """The loop waits (nothing to step): the open window ends unjudged."""
+        self._win = None
+
+    def window(self, streams: float, tick_s: float) -> None:
+        """Over the last window a tick stepped ``streams`` streams on average and a tick came
+        every ``tick_s`` seconds."""
+        if tick_s * (1.0 + self.margin) > self.frame_s and streams >= 1.0:
+            self.limit = max(1.0, min(self.limit, streams) * _BACKOFF)
+            self.windows_behind += 1
+        else:
+            self.limit = min(float(self.max_streams), self.limit + _RECOVER)
+        self._capacity = None
+
     def forget_ticks(self) -> None:
         """Drop the tick times (after a warm-up: its ticks paid one-off costs)."""
         self.tick_s[:] = 0.0
         self.seen[:] = 0
         self._capacity = None
+        self.limit = float(self.max_streams)
+        self._win = None
 
     def finished(self) -> None:
         """A stream ended (done, failed or aborted) and its slot is free for a new one."""
@@ -120,7 +168,7 @@ class Capacity:
                     if est is None or est > budget:
                         break
                     cap = n
-            self._capacity = cap
+            self._capacity = max(1, min(cap, int(self.limit)))
         return self._capacity
 
     def admits(self, active: int) -> bool:
@@ -158,6 +206,8 @@ class Capacity:
             "capacity_streams": self.streams(),
             "tick_ms_at_capacity": -1.0 if est is None else round(1000 * est, 3),
             "finish_rate_per_s": self.finish_rate() or 0.0,
+            "limit_streams": round(self.limit, 2),
+            "windows_behind": self.windows_behind,
             "admitted": self.admitted,
             "queued": self.queued,
             "refused": self.refused + self.refused_early,

@@ -205,6 +205,12 @@ class ServerMetrics:
             "Rate at which streams ended lately (Retry-After and queue waits are computed from it).",
             lambda: admission().get("finish_rate_per_s", 0.0),
         )
+        self.capacity_limit = Gauge(
+            "streamtts_capacity_limit_streams",
+            "The limit on the capacity from the engine's pace over the last seconds: a second in "
+            "which its ticks came slower than the margin allows lowers it, one in time raises it.",
+            lambda: admission().get("limit_streams", 0.0),
+        )
         self.lag = Gauge(
             "streamtts_stream_lag_max_seconds",
             "How far the stream furthest behind a real-time listener is behind (0: all ahead).",
@@ -317,6 +323,7 @@ class ServerMetrics:
             self.capacity,
             self.tick_at_capacity,
             self.finish_rate,
+            self.capacity_limit,
             self.lag,
             self.admission,
             self.model_loaded,

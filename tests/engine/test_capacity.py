@@ -70,3 +70,24 @@ def test_wait_and_refusal_from_the_measured_finish_rate() -> None:
     clock.t += 500.0  # long ago: unknown again
     assert c.finish_rate() is None
 
+
+
+def test_a_second_of_slow_ticks_lowers_the_capacity_and_seconds_in_time_raise_it() -> None:
+    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    for _ in range(30):
+        c.observe(12, 0.014)  # a tick's own time: 12 streams in 14 ms
+    assert c.streams() == 16
+    t = 0.0
+    for _ in range(12):  # then a second in which 12 streams got a tick every 100 ms
+        c.tick_started(12, t)
+        t += 0.100
+    assert c.windows_behind == 1 and c.streams() == 9  # 12 x 0.75
+    assert c.info()["limit_streams"] == 9.0
+    c.untimed()  # the loop waited meanwhile: that wait is no tick's
+    t += 60.0
+    for _ in range(300):  # four seconds (and a bit) of 14 ms ticks at 9 streams
+        c.tick_started(9, t)
+        t += 0.014
+    assert c.windows_behind == 1 and c.streams() == 11  # 9 + 4 x 0.5
+    c.forget_ticks()
+    assert c.streams() == 16

@@ -84,6 +84,7 @@ def test_a_full_engine_refuses_new_sessions_at_once(serve: Any) -> None:
         assert srv.health()["active_streams"] == 1  # the admitted stream was not cut
         assert srv.metric('streamtts_admission_total{decision="refused"}') == 2
         assert srv.metric("streamtts_capacity_streams") == 1
+        assert 1 <= srv.metric("streamtts_capacity_limit_streams") <= srv.health()["max_streams"]
     finally:
         sock.close()
     srv.wait_idle(30)
