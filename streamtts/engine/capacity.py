@@ -14,8 +14,8 @@ thread, and under load whole seconds passed at a tenth of the usual tick rate wh
 estimate (each tick clipped to twice the average) hardly moved. So the engine also judges
 its pace over windows of about a second (``tick_started``: ticks timed start to start, all
 of that counted). A window whose ticks came slower than the margin allows lowers a limit on
-the capacity to three quarters of the streams it stepped; each window in time raises it by
-half a stream, up to the estimate. (Timing ticks start to start for the estimate itself was
+the capacity to three quarters of the streams it stepped; each window in time with about
+as many streams as the limit raises it by half a stream, up to the estimate. (Timing ticks start to start for the estimate itself was
 tried: once the estimate fell, everything beyond it was refused, no tick at a higher count
 was seen again, and it never rose.)
 
@@ -123,7 +123,9 @@ class Capacity:
         if tick_s * (1.0 + self.margin) > self.frame_s and streams >= 1.0:
             self.limit = max(1.0, min(self.limit, streams) * _BACKOFF)
             self.windows_behind += 1
-        else:
+        elif streams >= self.limit - 1.0:
+            # in time with about as many streams as the limit: evidence for one more (well
+            # below the limit a window says nothing about it)
             self.limit = min(float(self.max_streams), self.limit + _RECOVER)
         self._capacity = None
 

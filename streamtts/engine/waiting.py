@@ -118,7 +118,9 @@ class WaitingQueue:
         when it may start or wait."""
         if not self.by_capacity or self._startable(reserve):
             return None
-        cap, ahead = self.admission, len(self.requests)
+        # the streams over capacity (it fell, or sessions hold room) end before there is room
+        cap = self.admission
+        ahead = len(self.requests) + max(0, self.demand + reserve + 1 - cap.streams())
         if not cap.refuses(ahead):
             return None
         retry = cap.retry_after_s(ahead)
