@@ -15,13 +15,13 @@ estimate (each tick clipped to twice the average) hardly moved. So the engine al
 its pace over windows of about a second (``tick_started``: ticks timed start to start, all
 of that counted). A window whose ticks came slower than the margin allows lowers a limit on
 the capacity to three quarters of the streams it stepped; each window in time with about
-as many streams as the limit raises it by half a stream, up to the estimate. (Timing ticks start to start for the estimate itself was
-tried: once the estimate fell, everything beyond it was refused, no tick at a higher count
-was seen again, and it never rose.)
+as many streams as the limit raises it by half a stream, up to the estimate. (Timing ticks
+start to start for the estimate itself was tried: once the estimate fell, everything beyond
+it was refused, no tick at a higher count was seen again, and it never rose.)
 
 ``streams()``, the capacity, is the most streams whose estimated tick plus ``margin`` of
-it still fits in a frame, and no more than that limit (at least one: a machine too slow for one stream in real time
-serves one). A new stream is admitted only below it and below ``max_streams``, the hard
+it still fits in a frame, and no more than that limit (at least one: a machine too slow
+for one stream in real time serves one). A new stream is admitted only below it and below ``max_streams``, the hard
 cap. One that cannot be admitted may wait only while its first audio can still come
 within ``deadline_s``; the wait is estimated from the measured rate at which streams
 finish (``wait_s``), and a request whose wait is beyond it is refused at once, with that

@@ -48,28 +48,36 @@ class WaitingQueue:
         self._queued_at: dict[int, float] = {}  # rid -> when it joined the queue
         # session -> [its streams running, the streams it runs beside one (its latest request's)]
         self._sessions: dict[int, list[int]] = {}
+        self._held = 0  # the room the sessions hold beyond their streams running (kept as they change)
 
     @property
     def demand(self) -> int:
         """The streams running plus the room the sessions running hold for their next ones."""
-        held = sum(max(0, 1 + reserve - running) for running, reserve in self._sessions.values())
-        return self.slots.active + held
+        return self.slots.active + self._held
 
     def started(self, req: PreparedRequest) -> None:
         """``req`` took a slot (its session's room counts from here)."""
         if req.session:
-            held = self._sessions.setdefault(req.session, [0, 0])
-            held[0] += 1
-            held[1] = req.reserve  # the last segment's says that no more are coming
+            s = self._sessions.get(req.session)
+            if s is None:
+                s = self._sessions[req.session] = [0, 0]
+            else:
+                self._held -= _room_held(s)
+            s[0] += 1
+            s[1] = req.reserve  # the last segment's says that no more are coming
+            self._held += _room_held(s)
 
     def ended(self, req: PreparedRequest) -> None:
         """``req``'s slot is free: a session with no stream running holds no room (one whose
         next segment comes later, streamed text, asks again like a new one would)."""
-        held = self._sessions.get(req.session) if req.session else None
-        if held is not None:
-            held[0] -= 1
-            if held[0] <= 0:
+        s = self._sessions.get(req.session) if req.session else None
+        if s is not None:
+            self._held -= _room_held(s)
+            s[0] -= 1
+            if s[0] <= 0:
                 del self._sessions[req.session]
+            else:
+                self._held += _room_held(s)
 
     def _room(self, req_reserve: int | None) -> bool:
         """By capacity, whether one more stream fits: a session's next segment (None) in the
@@ -179,3 +187,9 @@ class WaitingQueue:
         while self.requests:
             self._reject(self.requests.popleft(), err)
         self._queued_at.clear()
+
+
+def _room_held(session: list[int]) -> int:
+    """The room a session ([streams running, reserve]) holds beyond its streams running."""
+    running, reserve = session
+    return max(0, 1 + reserve - running)
