@@ -20,12 +20,17 @@
    refusal time p50 / max, and the server's resident memory before and after.
 
 ``--rate`` is arrivals per second. ``--load X`` instead sets the rate to X times the
-server's measured capacity: ``capacity_streams`` in ``/healthz`` (admission by measured
-capacity) divided by the mean audio length of a session, measured in a first calibration
-run of ``--calibrate`` sessions one after another (Little's law: a listener holds its
-session for its audio's length, so sessions in flight = arrival rate x audio length; each
-engine stream steps through a whole frame every 80 ms). Each level runs in turn on the
-same server.
+server's measured capacity divided by the mean audio length of a session (Little's law: a
+listener holds its session for its audio's length, so sessions in flight = arrival rate x
+audio length; each engine stream steps through a whole frame every 80 ms). First a
+calibration runs ``--calibrate`` sessions one after another: their audio length, and their
+TTFA (the unloaded TTFA each level's p95 is divided by: ``ttfa_p95_over_unloaded``). Then a
+probe offers sessions at the hard cap's rate for ``--probe`` seconds: the capacity is the
+mean of ``capacity_streams`` in ``/healthz`` (admission by measured capacity) over its second
+half, what the server found under load (a fresh server starts low and raises it as it keeps
+time). Each level runs in turn on the same server; meanwhile ``/healthz`` is read every
+second (``capacity_streams_seen``) and the server's resident memory every five
+(``rss_mb_samples``).
 """
 
 from __future__ import annotations
@@ -122,15 +127,32 @@ def health(http: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict[str, Any]:
+async def watch(http: str, pid: int | None, into: dict[str, list[float]]) -> None:
+    """Every second the server's capacity, every five its resident memory, until cancelled."""
+    k = 0
+    while True:
+        h = await asyncio.to_thread(health, http)
+        into["capacity"].append(float(h.get("capacity_streams", 0)))
+        if k % 5 == 0 and (mb := rss_mb(pid)) is not None:
+            into["rss"].append(mb)
+        k += 1
+        await asyncio.sleep(1.0)
+
+
+async def level(
+    url: str, rate: float, a: argparse.Namespace, seed: int, duration: float | None = None,
+    http: str | None = None, pid: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
     rng = random.Random(seed)
     tasks = []
+    seen: dict[str, list[float]] = {"capacity": [], "rss": []}
+    watcher = asyncio.create_task(watch(http, pid, seen)) if http else None
     t0 = time.monotonic()
     t = 0.0
     i = 0
     while True:
         t += rng.expovariate(rate)
-        if t > a.duration:
+        if t > (a.duration if duration is None else duration):
             break
         await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
         n = rng.randint(a.min_sentences, a.max_sentences)
@@ -139,6 +161,8 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
         i += 1
     res = await asyncio.gather(*tasks)
     wall = time.monotonic() - t0
+    if watcher is not None:
+        watcher.cancel()
     done = [r for r in res if r["outcome"] == "done"]
     refused = [r for r in res if r["outcome"] == "refused"]
     ttfa = [1000 * r["ttfa_s"] for r in done]
@@ -162,6 +186,11 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
         "refusal_ms_max": round(max(answers), 1) if answers else None,
         **continuity_row([r["arrivals"] for r in done]),
     }
+    if seen["capacity"]:  # what the server found meanwhile, and its memory every 5 s
+        cap = seen["capacity"]
+        row["capacity_streams_seen"] = {"min": min(cap), "median": statistics.median(cap), "max": max(cap),
+                                        "last_half_mean": round(statistics.mean(cap[len(cap) // 2:]), 2)}  # fmt: skip
+        row["rss_mb_samples"] = seen["rss"]
     if a.detail:  # every session: when it connected, its outcome, TTFA and audio arrivals
         row["detail"] = [
             {"t": round(r["t_connect"] - t0, 3), "outcome": r["outcome"], "ttfa_s": r.get("ttfa_s"),
@@ -172,16 +201,18 @@ async def level(url: str, rate: float, a: argparse.Namespace, seed: int) -> dict
     return row
 
 
-async def calibrate(url: str, a: argparse.Namespace) -> float:
-    """Mean audio seconds of a session (sessions one after another, read as they come)."""
-    spans = []
+async def calibrate(url: str, a: argparse.Namespace) -> tuple[float, list[float]]:
+    """Mean audio seconds of a session and each one's TTFA in ms (sessions one after
+    another, read as they come: the unloaded TTFA)."""
+    spans, ttfa = [], []
     for i in range(a.calibrate):
         n = (a.min_sentences + a.max_sentences) // 2 if a.calibrate == 1 else a.min_sentences + i * (a.max_sentences - a.min_sentences) // (a.calibrate - 1)
         r = await session(url, sentences(n, 900 + i), 900 + i, None)
         if r["outcome"] != "done":
             raise RuntimeError(f"calibration session ended with {r['outcome']}: {r.get('error')}")
         spans.append(r["audio_s"])
-    return statistics.mean(spans)
+        ttfa.append(round(1000 * r["ttfa_s"], 1))
+    return statistics.mean(spans), ttfa
 
 
 async def main(a: argparse.Namespace) -> dict[str, Any]:
@@ -201,17 +232,32 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
     try:
         await session(url, sentences(1, 1), 1, None)  # warm-up
         rates = [(r, None) for r in a.rate]
+        unloaded = None
         if a.load:
-            span = await calibrate(url, a)
-            cap = a.capacity or health(http).get("capacity_streams")
+            span, ttfa = await calibrate(url, a)
+            unloaded = statistics.median(ttfa)
+            out["calibration"] = {"session_audio_s": round(span, 2), "ttfa_ms": ttfa, "ttfa_ms_median": unloaded}
+            cap = a.capacity
+            if cap is None and a.probe > 0:
+                # the capacity found under load: sessions offered at the hard cap's rate
+                probe = await level(url, a.max_streams / span, a, seed=999, duration=a.probe, http=http, pid=pid)
+                probe["load"] = "probe"
+                out["probe"] = probe
+                print(json.dumps(probe), flush=True)
+                cap = max(1.0, probe["capacity_streams_seen"]["last_half_mean"])
+                await asyncio.sleep(a.pause)
             if cap is None:
-                raise SystemExit("streamtts: the server reports no capacity_streams in /healthz: use --rate")
-            out["calibration"] = {"session_audio_s": round(span, 2), "capacity_streams": cap}
+                cap = health(http).get("capacity_streams")
+                if cap is None:
+                    raise SystemExit("streamtts: the server reports no capacity_streams in /healthz: use --rate")
+            out["calibration"]["capacity_streams"] = cap
             rates = [(x * cap / span, x) for x in a.load]
         for k, (rate, load) in enumerate(rates):
             before = rss_mb(pid)
-            row = await level(url, rate, a, seed=k + 1)
+            row = await level(url, rate, a, seed=k + 1, http=http, pid=pid)
             row["load"] = load
+            if unloaded and row["ttfa_ms_p95"] is not None:
+                row["ttfa_p95_over_unloaded"] = round(row["ttfa_ms_p95"] / unloaded, 2)
             row["rss_mb_before"], row["rss_mb_after"] = before, rss_mb(pid)
             h = health(http)
             row["capacity_streams_after"] = h.get("capacity_streams")
@@ -235,9 +281,15 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, nargs="*", default=[0.5], help="arrivals per second, one level each")
     p.add_argument("--load", type=float, nargs="*", help="levels as multiples of the measured capacity (instead of --rate)")
     p.add_argument(
-        "--capacity", type=int,
-        help="--load in multiples of this many streams (e.g. the capacity an earlier run found under load) "
-        "instead of what /healthz says after the calibration (sessions alone: no contention)",
+        "--capacity", type=float,
+        help="--load in multiples of this many streams (e.g. the capacity an earlier run found) instead of "
+        "the capacity the probe finds",
+    )  # fmt: skip
+    p.add_argument(
+        "--probe", type=float, default=30.0,
+        help="--load: seconds of a first level offered at the hard cap's rate; the capacity the server "
+        "reports over its second half is the one --load multiplies (0: what /healthz says after the "
+        "calibration, sessions alone)",
     )  # fmt: skip
     p.add_argument("--calibrate", type=int, default=3, help="sessions timed alone to learn a session's length (--load)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per level")

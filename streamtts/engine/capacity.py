@@ -13,9 +13,13 @@ server's event loop and the codec's thread take the GIL and the cores from the e
 thread, and under load whole seconds passed at a tenth of the usual tick rate while the
 estimate (each tick clipped to twice the average) hardly moved. So the engine also judges
 its pace over windows of about a second (``tick_started``: ticks timed start to start, all
-of that counted). A window whose ticks came slower than the margin allows lowers a limit on
+of that counted but the loop's own waits). A window whose ticks came slower than the margin allows lowers a limit on
 the capacity to three quarters of the streams it stepped; each window in time with about
-as many streams as the limit raises it by half a stream, up to the estimate. (Timing ticks
+as many streams as the limit raises it by half a stream, up to the estimate. The limit
+starts low (two streams) and doubles with each window in time until a first window falls
+behind, as TCP's slow start does: a fresh server admitted up to the estimate at once, and the
+streams admitted before the first slow window lowered the limit stuttered together (measured:
+C100 92 % at twice the load on the tiny demo model); doubling still reaches 64 in five seconds. (Timing ticks
 start to start for the estimate itself was tried: once the estimate fell, everything beyond
 it was refused, no tick at a higher count was seen again, and it never rose.)
 
@@ -25,7 +29,8 @@ for one stream in real time serves one). A new stream is admitted only below it 
 cap. One that cannot be admitted may wait only while its first audio can still come
 within ``deadline_s``; the wait is estimated from the measured rate at which streams
 finish (``wait_s``), and a request whose wait is beyond it is refused at once, with that
-estimate as its Retry-After.
+estimate as its Retry-After (and one already waiting is refused as soon as the estimate,
+counted from when it came, runs past the deadline: the capacity fell under it).
 
 Pure bookkeeping with an injectable clock: the engine thread calls it (no locks: the
 server reads its numbers for metrics, a stale float at worst).
@@ -49,9 +54,11 @@ _TRUSTED = 20  # ticks after which a count's own average is used rather than the
 _FIRST = 3  # a count's first ticks: the fastest of them starts its average
 _FINISHES = 32  # stream ends the finish rate is measured over
 _FINISH_WINDOW_S = 120.0  # ... within this many seconds
-_WINDOW_S = 1.0  # the engine's pace is judged over windows of about this long
+_WINDOW_S = 1.0  # the engine's pace is judged over windows of about this many seconds of ticks
 _BACKOFF = 0.75  # a window behind: the limit falls to this share of the streams it stepped
 _RECOVER = 0.5  # a window in time: the limit rises by this many streams
+_START = 2.0  # the limit of a fresh engine (slow start) ...
+_START_GROWTH = 2.0  # ... times this a window in time, until a window falls behind
 
 
 class Capacity:
@@ -72,9 +79,13 @@ class Capacity:
         self.seen = np.zeros(max_streams + 1, dtype=np.int64)  # ticks observed per count
         self._finishes: deque[float] = deque(maxlen=_FINISHES)
         self._capacity: int | None = None  # cached; None: recompute
-        self.limit = float(max_streams)  # from the windows' pace (see above)
+        self.limit = min(float(max_streams), _START)  # from the windows' pace (see above)
+        self.slow_start = True  # no window has fallen behind yet
         self.windows_behind = 0  # windows whose ticks came slower than the margin allows
-        self._win: list[float] | None = None  # [start, ticks, streams stepped] of the open window
+        # the open window: [ticks, streams stepped, seconds of ticks start to start, 1 if the
+        # loop waited meanwhile]
+        self._win: list[float] | None = None
+        self._tick_at: float | None = None  # when the tick under way started (None: waiting)
         self._last_streams = 0  # the streams the tick under way steps
         # decisions so far (read by the server's metrics)
         self.admitted = 0
@@ -99,43 +110,60 @@ class Capacity:
         self.seen[streams] += 1
         self._capacity = None
 
-    def tick_started(self, streams: int, t: float) -> None:
-        """A tick stepping ``streams`` streams starts at ``t`` (the previous one, if timed,
-        ended here)."""
+    def tick_started(self, streams: int, t: float, admitted: int) -> None:
+        """A tick stepping ``streams`` of the ``admitted`` streams starts at ``t`` (the one
+        before, unless the loop waited since, ended here)."""
+        self._tick_ended(t)
+        self._tick_at, self._last_streams = t, streams
         w = self._win
-        if w is None:
-            self._win = [t, 0.0, 0.0]
-        else:
-            w[1] += 1
-            w[2] += self._last_streams
-            if t - w[0] >= _WINDOW_S:
-                self.window(w[2] / w[1], (t - w[0]) / w[1])
-                self._win = [t, 0.0, 0.0]
-        self._last_streams = streams
+        if w is None or w[2] >= _WINDOW_S:  # a window is about a second of ticks
+            if w is not None:
+                # streams paused ahead of their listeners were kept in time too, when at some
+                # moment every stream was (the loop waited): then all those running count
+                self.window(w[1] / w[0], w[2] / w[0], admitted if w[3] else None)
+            self._win = [0.0, 0.0, 0.0, 0.0]
 
-    def untimed(self) -> None:
-        """The loop waits (nothing to step): the open window ends unjudged."""
-        self._win = None
+    def untimed(self, t: float) -> None:
+        """The loop waits from ``t`` (nothing to step, or every stream paused ahead of its
+        listener): the tick under way ends here, and the wait is no tick's."""
+        self._tick_ended(t)
+        self._tick_at = None
+        if self._win is not None:
+            self._win[3] = 1.0
 
-    def window(self, streams: float, tick_s: float) -> None:
-        """Over the last window a tick stepped ``streams`` streams on average and a tick came
-        every ``tick_s`` seconds."""
+    def _tick_ended(self, t: float) -> None:
+        w, t0 = self._win, self._tick_at
+        if w is not None and t0 is not None:
+            w[0] += 1
+            w[1] += self._last_streams
+            w[2] += t - t0
+
+    def window(self, streams: float, tick_s: float, admitted: int | None = None) -> None:
+        """Over the last window a tick stepped ``streams`` streams on average and took
+        ``tick_s`` seconds start to start (the loop's waits not counted); ``admitted``: the
+        streams running at its end, when every one of them was ahead of its listener at some
+        moment of it (all kept in time; None: only those stepped count)."""
+        held = streams if admitted is None else max(streams, float(admitted))
         if tick_s * (1.0 + self.margin) > self.frame_s and streams >= 1.0:
             self.limit = max(1.0, min(self.limit, streams) * _BACKOFF)
             self.windows_behind += 1
-        elif streams >= self.limit - 1.0:
-            # in time with about as many streams as the limit: evidence for one more (well
-            # below the limit a window says nothing about it)
-            self.limit = min(float(self.max_streams), self.limit + _RECOVER)
+            self.slow_start = False
+        elif held >= self.limit - 1.0:
+            # in time with about as many streams as the limit: evidence for more (well below
+            # the limit a window says nothing about it)
+            grown = self.limit * _START_GROWTH if self.slow_start else self.limit + _RECOVER
+            self.limit = min(float(self.max_streams), grown)
         self._capacity = None
 
     def forget_ticks(self) -> None:
-        """Drop the tick times (after a warm-up: its ticks paid one-off costs)."""
+        """Drop the tick times (after a warm-up: its ticks paid one-off costs); the limit
+        starts again from the slow start."""
         self.tick_s[:] = 0.0
         self.seen[:] = 0
         self._capacity = None
-        self.limit = float(self.max_streams)
-        self._win = None
+        self.limit = min(float(self.max_streams), _START)
+        self.slow_start = True
+        self._win = self._tick_at = None
 
     def finished(self) -> None:
         """A stream ended (done, failed or aborted) and its slot is free for a new one."""
@@ -191,11 +219,12 @@ class Capacity:
         rate = self.finish_rate()
         return None if rate is None else (ahead + 1) / rate
 
-    def refuses(self, ahead: int) -> bool:
-        """Whether a request that cannot start now is refused at once: its estimated wait
-        is beyond the first-audio deadline (unknown: it waits, and expires at the deadline)."""
+    def refuses(self, ahead: int, waited_s: float = 0.0) -> bool:
+        """Whether a request that cannot start now (having waited ``waited_s`` already) is
+        refused: its estimated wait runs past the first-audio deadline (unknown: it waits,
+        for a stream to end or the limit to rise, and expires at the deadline)."""
         wait = self.wait_s(ahead)
-        return wait is not None and wait > self.deadline_s
+        return wait is not None and waited_s + wait > self.deadline_s
 
     def retry_after_s(self, ahead: int) -> int:
         """Whole seconds a refused client should wait before trying again (1 to 60)."""

@@ -192,10 +192,10 @@ class EngineCore:
         self.ticks += 1
         plan = self.scheduler.schedule()
         if plan.empty:
-            self.admission.untimed()  # every stream paused: nothing is behind
+            self.admission.untimed(time.perf_counter())  # every stream paused: nothing is behind
             return
         t0 = time.perf_counter()
-        self.admission.tick_started(int(plan.decode.size), t0)
+        self.admission.tick_started(int(plan.decode.size), t0, self.slots.active)
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
             self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)
@@ -204,7 +204,7 @@ class EngineCore:
             if not (plan.prefill or plan.loads):  # a steady tick: what N streams cost
                 self.admission.observe(int(plan.decode.size), time.perf_counter() - t0)
         if not self.slots.active:
-            self.admission.untimed()  # the loop waits for work next
+            self.admission.untimed(time.perf_counter())  # the loop waits for work next
 
     def _drain_commands(self, block: bool) -> bool:
         if not block and self._commands.empty():  # the usual tick: no exception raised and caught

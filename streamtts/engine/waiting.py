@@ -3,7 +3,8 @@
 A session's next segment waits ahead of new streams and is never refused for capacity. With
 ``admission: capacity`` a new stream that cannot start at once waits only while its first
 audio can still come within ``first_audio_deadline_s``; otherwise it is refused when it
-arrives (:meth:`WaitingQueue.refusal`) or when its wait runs out (:meth:`WaitingQueue.expire`).
+arrives (:meth:`WaitingQueue.refusal`), as soon as its expected wait runs past the deadline
+while it waits (the capacity fell under it), or when its wait runs out (:meth:`WaitingQueue.expire`).
 
 A session of several segments runs its next segment beside the one playing (generated ahead,
 so that it is ready when the first ends: ``PreparedRequest.reserve`` streams more). Counting
@@ -30,6 +31,8 @@ from .slot_table import SlotTable
 
 __all__ = ["WaitingQueue"]
 
+_REJUDGE_S = 0.05  # the waiting new streams' expected waits are judged again this often
+
 
 class WaitingQueue:
     def __init__(
@@ -49,6 +52,7 @@ class WaitingQueue:
         # session -> [its streams running, the streams it runs beside one (its latest request's)]
         self._sessions: dict[int, list[int]] = {}
         self._held = 0  # the room the sessions hold beyond their streams running (kept as they change)
+        self._judged_at = 0.0  # when the waiting new streams' expected waits were last judged
 
     @property
     def demand(self) -> int:
@@ -126,11 +130,17 @@ class WaitingQueue:
         when it may start or wait."""
         if not self.by_capacity or self._startable(reserve):
             return None
-        # the streams over capacity (it fell, or sessions hold room) end before there is room
+        ahead = len(self.requests) + self._over(reserve)
+        return None if not self.admission.refuses(ahead) else self._overloaded(ahead)
+
+    def _over(self, reserve: int) -> int:
+        """The streams that must end, beyond the one every wait counts, before a new stream
+        (with ``reserve`` more beside it) has room: more when the capacity fell under the
+        streams running or sessions hold room."""
+        return max(0, self.demand + reserve - self.admission.streams())
+
+    def _overloaded(self, ahead: int) -> OverloadedError:
         cap = self.admission
-        ahead = len(self.requests) + max(0, self.demand + reserve + 1 - cap.streams())
-        if not cap.refuses(ahead):
-            return None
         retry = cap.retry_after_s(ahead)
         return OverloadedError(
             f"the engine is at its measured capacity ({cap.streams()} streams in real time) and "
@@ -140,10 +150,14 @@ class WaitingQueue:
 
     def expire(self) -> None:
         """End the requests that waited too long: a new stream (by capacity) past its
-        first-audio deadline, any request past ``queue_timeout_s``."""
+        first-audio deadline, any request past ``queue_timeout_s``; by capacity, a new
+        stream whose wait is no longer expected to end within its deadline is refused now."""
         if not self.requests:
             return
         now = time.monotonic()
+        if self.by_capacity and now - self._judged_at >= _REJUDGE_S:
+            self._judged_at = now
+            self._rejudge(now)
         limit = self.cfg.queue_timeout_s
         first = min(limit, self.cfg.first_audio_deadline_s) if self.by_capacity else limit
         since = self._queued_at
@@ -156,6 +170,23 @@ class WaitingQueue:
                 f"({self.slots.active} streams running, capacity {self.admission.streams()})",
                 retry_after_s=self.admission.retry_after_s(len(self.requests)),
             ))  # fmt: skip
+
+    def _rejudge(self, now: float) -> None:
+        """Refuse the new streams waiting whose first audio is no longer expected within the
+        deadline (the capacity fell under them, or streams finish slower than when they came):
+        at once, rather than when the deadline passes."""
+        refuse: list[tuple[PreparedRequest, int]] = []
+        for i, req in enumerate(self.requests):
+            if req.priority:
+                continue
+            ahead = i - len(refuse) + self._over(req.reserve)
+            if self.admission.refuses(ahead, now - self._queued_at[req.rid]):
+                refuse.append((req, ahead))
+        for req, ahead in refuse:
+            self.requests.remove(req)
+            del self._queued_at[req.rid]
+            self.admission.refused += 1
+            self._reject(req, self._overloaded(ahead))
 
     def admissible(self) -> Iterator[tuple[int, PreparedRequest]]:
         """(free slot, request) while both a slot and (by capacity) room are there; requests

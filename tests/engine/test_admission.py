@@ -24,8 +24,9 @@ def capacity_engine(demo_model_dir: Path, deadline_s: float, warmup: bool = True
 
 
 async def wait_until(cond: object) -> None:
-    while not cond():  # type: ignore[operator]
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(120):  # a guard against a hang, not a margin: it fails the test
+        while not cond():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
 
 
 def test_at_capacity_a_new_stream_is_refused_at_once_and_a_continuation_waits(demo_model_dir: Path) -> None:
@@ -86,6 +87,30 @@ def test_a_queued_new_stream_expires_at_its_deadline(demo_model_dir: Path) -> No
     asyncio.run(main())
 
 
+def test_a_queued_new_stream_is_refused_once_its_expected_wait_passes_the_deadline(demo_model_dir: Path) -> None:
+    async def main() -> None:
+        async with capacity_engine(demo_model_dir, deadline_s=5.0) as e:  # capacity 1
+            for i in range(3):  # streams end quickly: a slot is expected well within 5 s
+                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+            held = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
+            it = aiter(held)
+            await anext(it)
+            before = e.admission_info()
+            # it queues; as no stream ends, the measured rate falls (the rate since the first
+            # of those ends) and the expected wait, counted from when it came, passes 5 s
+            # while the wait itself has not: refused then, not timed out at the deadline
+            with pytest.raises(OverloadedError) as exc:
+                await e.generate("Waits.", options=StreamOptions(seed=8))
+            assert type(exc.value) is OverloadedError  # not QueueTimeoutError
+            assert "capacity" in str(exc.value) and "5 s" in str(exc.value)
+            after = e.admission_info()
+            assert after["queued"] == before["queued"] + 1 and after["refused"] == before["refused"] + 1
+            assert e.active_streams == 1  # the held stream runs on
+            await held.aclose()
+
+    asyncio.run(main())
+
+
 def test_slots_admission_ignores_capacity(demo_model_dir: Path) -> None:
     async def main() -> list[int]:
         e = Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, max_streams=3, realtime_margin=1000.0)
@@ -101,9 +126,10 @@ def test_slots_admission_ignores_capacity(demo_model_dir: Path) -> None:
 
 def test_a_sessions_next_segment_starts_before_a_new_stream(demo_model_dir: Path) -> None:
     async def main() -> tuple[float, float]:
-        # one stream has ended (no warm-up): the wait is unknown, so new streams queue
+        # streams that end: the finish rate is known, and a wait far inside 30 s is expected
         async with capacity_engine(demo_model_dir, deadline_s=30.0, warmup=False) as e:
-            await e.generate("Warm.", options=StreamOptions(seed=1, fixed_frames=4))
+            for i in range(3):
+                await e.generate("Warm.", options=StreamOptions(seed=1 + i, fixed_frames=4))
             held = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
             it = aiter(held)
             await anext(it)

@@ -15,21 +15,39 @@ class Clock:
         return self.t
 
 
-def test_nothing_measured_admits_up_to_the_hard_cap() -> None:
-    c = Capacity(max_streams=8, margin=0.25, deadline_s=2.0)
-    assert c.estimate(3) is None and c.streams() == 8
-    assert c.admits(7) and not c.admits(8)
+def open_limit(c: Capacity) -> Capacity:
+    """Seconds in time at the limit until it reaches the hard cap (past the slow start)."""
+    while c.limit < c.max_streams:
+        c.window(c.limit, 0.010)
+    return c
+
+
+def test_a_fresh_engine_starts_slow_and_doubles_each_second_in_time() -> None:
+    c = Capacity(max_streams=12, margin=0.25, deadline_s=2.0)
+    assert c.estimate(3) is None and c.streams() == 2  # nothing measured: the slow start's two
+    assert c.admits(1) and not c.admits(2)
+    c.window(2.0, 0.010)  # a second in time at the limit: twice as many
+    c.window(4.0, 0.010)
+    assert c.streams() == 8 and c.slow_start
+    c.window(1.0, 0.010)  # well below the limit: no evidence for more
+    assert c.streams() == 8
+    c.window(8.0, 0.070)  # behind (70 ms x 1.25 > 80 ms): 3/4 of 8, and the slow start ends
+    assert c.streams() == 6 and not c.slow_start
+    c.window(6.0, 0.010)  # from here half a stream a second
+    assert c.limit == 6.5 and c.streams() == 6
+    open_limit(c)
+    assert c.streams() == 12 and c.admits(11) and not c.admits(12)  # the hard cap
 
 
 def test_one_count_seen_is_extended_in_proportion() -> None:
-    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    c = open_limit(Capacity(max_streams=16, margin=0.25, deadline_s=2.0))
     c.observe(1, 0.020)  # 20 ms a tick alone: 64 ms (80 / 1.25) fits 3
     assert c.estimate(3) == pytest.approx(0.060)
     assert c.streams() == 3
 
 
 def test_a_line_through_the_counts_seen() -> None:
-    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    c = open_limit(Capacity(max_streams=16, margin=0.25, deadline_s=2.0))
     for _ in range(30):
         c.observe(1, 0.020)
         c.observe(2, 0.028)  # batching: 8 ms more per stream
@@ -39,7 +57,7 @@ def test_a_line_through_the_counts_seen() -> None:
 
 
 def test_a_running_average_follows_a_slower_machine() -> None:
-    c = Capacity(max_streams=16, margin=0.0, deadline_s=2.0)
+    c = open_limit(Capacity(max_streams=16, margin=0.0, deadline_s=2.0))
     for _ in range(30):
         c.observe(4, 0.040)
     fast = c.streams()
@@ -66,6 +84,7 @@ def test_wait_and_refusal_from_the_measured_finish_rate() -> None:
     assert c.finish_rate() == pytest.approx(4 / 5)  # 4 gaps since the first, up to now
     assert c.wait_s(0) == pytest.approx(1.25)
     assert not c.refuses(0) and c.refuses(1)  # 2.5 s > the 2 s deadline
+    assert c.refuses(0, waited_s=1.0)  # waited 1 s, 1.25 s more expected: past the deadline
     assert c.retry_after_s(1) == 3
     clock.t += 500.0  # long ago: unknown again
     assert c.finish_rate() is None
@@ -73,22 +92,32 @@ def test_wait_and_refusal_from_the_measured_finish_rate() -> None:
 
 
 def test_a_second_of_slow_ticks_lowers_the_capacity_and_seconds_in_time_raise_it() -> None:
-    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    c = open_limit(Capacity(max_streams=16, margin=0.25, deadline_s=2.0))
     for _ in range(30):
         c.observe(12, 0.014)  # a tick's own time: 12 streams in 14 ms
     assert c.streams() == 16
     t = 0.0
     for _ in range(12):  # then a second in which 12 streams got a tick every 100 ms
-        c.tick_started(12, t)
+        c.tick_started(12, t, 12)
         t += 0.100
     assert c.windows_behind == 1 and c.streams() == 9  # 12 x 0.75
     assert c.info()["limit_streams"] == 9.0
-    c.untimed()  # the loop waited meanwhile: that wait is no tick's
+    c.untimed(t)  # the loop waits (the tick under way ends here): that wait is no tick's
     t += 60.0
     for _ in range(300):  # four seconds (and a bit) of 14 ms ticks at 9 streams
-        c.tick_started(9, t)
+        c.tick_started(9, t, 9)
         t += 0.014
     # 9 -> 9.5 -> 10 -> 10.5, then 9 streams are no evidence for an 11th
     assert c.windows_behind == 1 and c.streams() == 10 and c.limit == 10.5
-    c.forget_ticks()
-    assert c.streams() == 16
+    for _ in range(80):  # a second of ticks stepping 2 of 11 streams: no evidence for 11
+        c.tick_started(2, t, 11)
+        t += 0.014
+    assert c.limit == 10.5
+    for _ in range(80):  # ... but when every one is ahead of its listener now and then, it is
+        c.tick_started(2, t, 11)
+        t += 0.014
+        c.untimed(t)  # all paused: the loop waits
+        t += 0.050
+    assert c.limit == 11.0
+    c.forget_ticks()  # a new warm-up: the slow start again
+    assert c.streams() == 2 and c.slow_start
