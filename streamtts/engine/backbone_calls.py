@@ -280,4 +280,4 @@ class BackboneCalls:
             log.exception("snapshot of a prompt prefix failed")
             self.prefix_cache.release(slot)
             return
-        self.prefix_cache.store(s.req.prefix_key, slot, state)
+        self.prefix_cache.store(s.req.prefix_key, slot, state, session=s.req.prefix_session)

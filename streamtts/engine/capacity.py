@@ -12,16 +12,17 @@ A tick's own time does not count what the machine did between ticks: on 2 cores 
 server's event loop and the codec's thread take the GIL and the cores from the engine's
 thread, and under load whole seconds passed at a tenth of the usual tick rate while the
 estimate (each tick clipped to twice the average) hardly moved. So the engine also judges
-its pace over windows of about a second (``tick_started``: ticks timed start to start, all
-of that counted but the loop's own waits). A window whose ticks came slower than the margin allows lowers a limit on
-the capacity to three quarters of the streams it stepped; each window in time with about
-as many streams as the limit raises it by half a stream, up to the estimate. The limit
-starts low (two streams) and doubles with each window in time until a first window falls
-behind, as TCP's slow start does: a fresh server admitted up to the estimate at once, and the
-streams admitted before the first slow window lowered the limit stuttered together (measured:
-C100 92 % at twice the load on the tiny demo model); doubling still reaches 64 in five seconds. (Timing ticks
-start to start for the estimate itself was tried: once the estimate fell, everything beyond
-it was refused, no tick at a higher count was seen again, and it never rose.)
+its pace over windows of about a second of ticks (``tick_started``: ticks timed start to
+start, all of that counted but the loop's own waits). A window whose ticks came slower than
+the margin allows lowers a limit on the capacity to three quarters of the streams it
+stepped; each window in time with about as many streams as the limit raises it by half a
+stream. The limit starts low (two streams) and doubles with each window in time until a
+first window falls behind, as TCP's slow start does: a fresh server admitted up to the
+estimate at once, and the streams admitted before the first slow window lowered the limit
+stuttered together (measured: C100 92 % at twice the load on the tiny demo model); doubling
+still reaches 64 in five seconds. (Timing ticks start to start for the estimate itself was
+tried: once the estimate fell, everything beyond it was refused, no tick at a higher count
+was seen again, and it never rose.)
 
 ``streams()``, the capacity, is the most streams whose estimated tick plus ``margin`` of
 it still fits in a frame, and no more than that limit (at least one: a machine too slow

@@ -274,7 +274,10 @@ class EngineCore:
         s = self.slots.release(slot)
         self.scheduler.released(slot)
         if s is not None:
-            self.waiting.ended(s.req)
+            last = self.waiting.ended(s.req)
+            if s.req.prefix_session and (last or s.req.stats.finish_reason in ("cancelled", "error")):
+                # the session is over (or cut): its own voice's snapshot is of no further use
+                self.prefix_cache.drop_session(s.req.prefix_session)
         if s is not None and self.waiting.demand < demand and not self.waiting.next_is_priority:
             # room a new stream can have (not a segment ending while its session holds the
             # room for the next, nor one a session's next segment waiting takes first): the

@@ -32,6 +32,7 @@ class _Entry:
     state: np.ndarray | None  # None while its owner computes it
     owner: int  # slot computing it (-1 once stored)
     rows: int
+    session: int = 0  # the session whose own voice it holds (dropped when it ends); 0: none
 
 
 class PrefixCache:
@@ -66,8 +67,9 @@ class PrefixCache:
             self._entries[key] = _Entry(None, slot, rows)
         return "compute"
 
-    def store(self, key: bytes, slot: int, state: np.ndarray) -> bool:
-        """Keep ``slot``'s computed snapshot; False when it cannot fit at all."""
+    def store(self, key: bytes, slot: int, state: np.ndarray, session: int = 0) -> bool:
+        """Keep ``slot``'s computed snapshot (of ``session``'s own voice: see
+        :meth:`drop_session`); False when it cannot fit at all."""
         e = self._entries.get(key)
         if e is None or e.owner != slot:
             return False  # released meanwhile (owner aborted and another took over)
@@ -75,7 +77,7 @@ class PrefixCache:
             del self._entries[key]
             return False
         self._evict(self.capacity - state.nbytes)
-        e.state, e.owner = state, -1
+        e.state, e.owner, e.session = state, -1, session
         self.bytes += state.nbytes
         self._entries.move_to_end(key)
         return True
@@ -84,6 +86,14 @@ class PrefixCache:
         """Drop claims of ``slot`` (finished or cancelled before storing)."""
         for k in [k for k, e in self._entries.items() if e.state is None and e.owner == slot]:
             del self._entries[k]
+
+    def drop_session(self, session: int) -> None:
+        """Drop the snapshots of ``session``'s own voice: it ended, and no other request has
+        that voice (a session speaking several sentences without a reference takes its first
+        1.28 s as the voice of the rest; kept, one such entry per session filled the cache
+        and evicted the prefixes worth keeping)."""
+        for k in [k for k, e in self._entries.items() if e.session == session and e.state is not None]:
+            self.bytes -= self._entries.pop(k).state.nbytes  # type: ignore[union-attr]
 
     def clear(self) -> None:
         self._entries.clear()

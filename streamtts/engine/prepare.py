@@ -352,6 +352,7 @@ class Preparer:
             sink=sink,
             prefix_rows=n_prefix,
             prefix_key=prefix_key(prompt, n_prefix) if n_prefix else b"",
+            prefix_session=voice.session if voice is not None and n_prefix else 0,
             audio_prefix_rows=built.audio_prefix_rows,
             keep_rows=options.rows,
             chunk_frames=tuple(options.chunk_frames or ()),

@@ -352,7 +352,7 @@ class SegmentedSpeech:
     def _set_voice(self, g: _Gen) -> None:
         codes = np.concatenate(g.codes)[: self.continuity_frames]
         self.reference = Voice(
-            codes=np.ascontiguousarray(codes, dtype=np.int64), name=f"segment-{g.index}"
+            codes=np.ascontiguousarray(codes, dtype=np.int64), name=f"segment-{g.index}", session=self.session
         )
         g.codes = []
         log.debug("voice fixed from segment %d (%d frames)", g.index, codes.shape[0])

@@ -71,17 +71,21 @@ class WaitingQueue:
             s[1] = req.reserve  # the last segment's says that no more are coming
             self._held += _room_held(s)
 
-    def ended(self, req: PreparedRequest) -> None:
+    def ended(self, req: PreparedRequest) -> bool:
         """``req``'s slot is free: a session with no stream running holds no room (one whose
-        next segment comes later, streamed text, asks again like a new one would)."""
+        next segment comes later, streamed text, asks again like a new one would). True when
+        that was the last stream of its session: none running, and its latest said that no
+        more are coming."""
         s = self._sessions.get(req.session) if req.session else None
-        if s is not None:
-            self._held -= _room_held(s)
-            s[0] -= 1
-            if s[0] <= 0:
-                del self._sessions[req.session]
-            else:
-                self._held += _room_held(s)
+        if s is None:
+            return False
+        self._held -= _room_held(s)
+        s[0] -= 1
+        if s[0] <= 0:
+            del self._sessions[req.session]
+            return s[1] == 0
+        self._held += _room_held(s)
+        return False
 
     def _room(self, req_reserve: int | None) -> bool:
         """By capacity, whether one more stream fits: a session's next segment (None) in the

@@ -27,6 +27,9 @@ class PreparedRequest:
     sink: ChunkSink  # receives chunks / errors (thread-safe): engine/sink.py's StreamSink
     prefix_rows: int = 0  # leading rows shared with other requests (cacheable), 0 = none
     prefix_key: bytes = b""  # digest of those rows
+    # the session whose own voice those rows hold (Voice.session): their cached KV snapshot is
+    # dropped when it ends, not left to fill the cache; 0: kept while it is used
+    prefix_session: int = 0
     # continuation: the prompt's last rows are this many assistant gen-slot rows holding an
     # audio prefix in the delay layout (its frames warm the codec; their samples are not sent)
     audio_prefix_rows: int = 0

@@ -57,6 +57,9 @@ class Voice:
     clip: np.ndarray | None = field(default=None, repr=False, compare=False)
     # how it was made, when it was designed from a description (POST /v1/voices/design)
     description: str = field(default="", compare=False)
+    # the session whose first segment it was cut from (its own voice, of no use once that
+    # session ends: engine/segmented.py); 0: a voice any request may use again
+    session: int = field(default=0, compare=False)
 
     @property
     def seconds(self) -> float:

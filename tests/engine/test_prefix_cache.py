@@ -58,6 +58,46 @@ def test_lru_eviction_by_bytes_and_oversized_entries() -> None:
     assert PrefixCache(0).enabled is False
 
 
+def test_a_sessions_own_voice_is_dropped_with_it() -> None:
+    c = PrefixCache(1000)
+    for key, slot, session in ((b"template", 0, 0), (b"own-7", 1, 7), (b"own-8", 2, 8)):
+        c.lookup(key, slot, 20)
+        assert c.store(key, slot, snap(100), session=session)
+    c.lookup(b"claim-7", 3, 20)  # a claim under way is its owner's (released with its slot)
+    c.drop_session(7)
+    assert c.info()["entries"] == 2 and c.bytes == 200
+    assert isinstance(c.lookup(b"template", 0, 20), np.ndarray)
+    assert isinstance(c.lookup(b"own-8", 0, 20), np.ndarray)
+    assert c.lookup(b"own-7", 0, 20) == "compute"  # gone
+    assert c.lookup(b"claim-7", 0, 20) == "wait"
+
+
+def test_a_segmented_sessions_own_voice_leaves_the_cache_when_it_ends(demo_model_dir: Path, voice_wav: Path) -> None:
+    """Without a reference voice a session's first segment becomes the voice of the rest:
+    its later segments share that prefix (a hit), and the entry goes when the session ends;
+    a stored voice's entry stays for the next request."""
+    from streamtts.engine.segmented import SegmentDone, speak_segments
+
+    texts = ["The first sentence is spoken here.", "A second one follows it.", "And a third."]
+
+    async def main() -> tuple[dict[str, int], dict[str, int], list[Any], dict[str, int]]:
+        async with Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, max_streams=4, warmup=False) as e:
+            await gen(e, "The template's prefix.", 1, None)
+            before = e.prefix_cache_info()
+            done = [ev async for ev in speak_segments(e, texts, continuity_frames=4, lookahead=1,
+                                                      options=StreamOptions(seed=3)) if isinstance(ev, SegmentDone)]  # fmt: skip
+            after = e.prefix_cache_info()
+            voice = await e.encode_voice(str(voice_wav))
+            await gen(e, "A stored voice speaks.", 2, voice)
+            return before, after, done, e.prefix_cache_info()
+
+    before, after, done, stored = asyncio.run(main())
+    assert [d.stats.prefix_cached_rows > 0 for d in done] == [True, False, True]  # 3rd: the 2nd's voice
+    assert after["hits"] == before["hits"] + 2 and after["misses"] == before["misses"] + 1
+    assert after["entries"] == before["entries"] and after["bytes"] == before["bytes"]
+    assert stored["entries"] == before["entries"] + 1  # not a session's own: kept
+
+
 def test_key_covers_every_channel_and_the_length() -> None:
     p = np.zeros((30, 33), np.int64)
     q = p.copy()
