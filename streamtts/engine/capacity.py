@@ -83,8 +83,8 @@ class Capacity:
         self.limit = min(float(max_streams), _START)  # from the windows' pace (see above)
         self.slow_start = True  # no window has fallen behind yet
         self.windows_behind = 0  # windows whose ticks came slower than the margin allows
-        # the open window: [ticks, streams stepped, seconds of ticks start to start, 1 if the
-        # loop waited meanwhile]
+        # the open window: [ticks, streams stepped, seconds of ticks start to start, the most
+        # streams all paused ahead of their listeners at once meanwhile]
         self._win: list[float] | None = None
         self._tick_at: float | None = None  # when the tick under way started (None: waiting)
         self._last_streams = 0  # the streams the tick under way steps
@@ -111,26 +111,25 @@ class Capacity:
         self.seen[streams] += 1
         self._capacity = None
 
-    def tick_started(self, streams: int, t: float, admitted: int) -> None:
-        """A tick stepping ``streams`` of the ``admitted`` streams starts at ``t`` (the one
-        before, unless the loop waited since, ended here)."""
+    def tick_started(self, streams: int, t: float) -> None:
+        """A tick stepping ``streams`` streams starts at ``t`` (the one before, unless the
+        loop waited since, ended here)."""
         self._tick_ended(t)
         self._tick_at, self._last_streams = t, streams
         w = self._win
         if w is None or w[2] >= _WINDOW_S:  # a window is about a second of ticks
             if w is not None:
-                # streams paused ahead of their listeners were kept in time too, when at some
-                # moment every stream was (the loop waited): then all those running count
-                self.window(w[1] / w[0], w[2] / w[0], admitted if w[3] else None)
+                self.window(w[1] / w[0], w[2] / w[0], int(w[3]))
             self._win = [0.0, 0.0, 0.0, 0.0]
 
-    def untimed(self, t: float) -> None:
-        """The loop waits from ``t`` (nothing to step, or every stream paused ahead of its
-        listener): the tick under way ends here, and the wait is no tick's."""
+    def untimed(self, t: float, ahead: int = 0) -> None:
+        """The loop waits from ``t``: nothing to step, or every one of the ``ahead`` streams
+        running is paused ahead of its listener (all kept in time: a window counts them as
+        stepped). The tick under way ends here, and the wait is no tick's."""
         self._tick_ended(t)
         self._tick_at = None
-        if self._win is not None:
-            self._win[3] = 1.0
+        if self._win is not None and ahead > self._win[3]:
+            self._win[3] = float(ahead)
 
     def _tick_ended(self, t: float) -> None:
         w, t0 = self._win, self._tick_at
@@ -139,12 +138,11 @@ class Capacity:
             w[1] += self._last_streams
             w[2] += t - t0
 
-    def window(self, streams: float, tick_s: float, admitted: int | None = None) -> None:
+    def window(self, streams: float, tick_s: float, ahead: int = 0) -> None:
         """Over the last window a tick stepped ``streams`` streams on average and took
-        ``tick_s`` seconds start to start (the loop's waits not counted); ``admitted``: the
-        streams running at its end, when every one of them was ahead of its listener at some
-        moment of it (all kept in time; None: only those stepped count)."""
-        held = streams if admitted is None else max(streams, float(admitted))
+        ``tick_s`` seconds start to start (the loop's waits not counted); at some moment of
+        it ``ahead`` streams were running, every one paused ahead of its listener."""
+        held = max(streams, float(ahead))
         if tick_s * (1.0 + self.margin) > self.frame_s and streams >= 1.0:
             self.limit = max(1.0, min(self.limit, streams) * _BACKOFF)
             self.windows_behind += 1

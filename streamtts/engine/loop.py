@@ -192,10 +192,11 @@ class EngineCore:
         self.ticks += 1
         plan = self.scheduler.schedule()
         if plan.empty:
-            self.admission.untimed(time.perf_counter())  # every stream paused: nothing is behind
+            # every stream paused ahead of its listener: nothing is behind
+            self.admission.untimed(time.perf_counter(), self.slots.active)
             return
         t0 = time.perf_counter()
-        self.admission.tick_started(int(plan.decode.size), t0, self.slots.active)
+        self.admission.tick_started(int(plan.decode.size), t0)
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
             self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)

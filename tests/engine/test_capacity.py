@@ -98,25 +98,27 @@ def test_a_second_of_slow_ticks_lowers_the_capacity_and_seconds_in_time_raise_it
     assert c.streams() == 16
     t = 0.0
     for _ in range(12):  # then a second in which 12 streams got a tick every 100 ms
-        c.tick_started(12, t, 12)
+        c.tick_started(12, t)
         t += 0.100
     assert c.windows_behind == 1 and c.streams() == 9  # 12 x 0.75
     assert c.info()["limit_streams"] == 9.0
     c.untimed(t)  # the loop waits (the tick under way ends here): that wait is no tick's
     t += 60.0
     for _ in range(300):  # four seconds (and a bit) of 14 ms ticks at 9 streams
-        c.tick_started(9, t, 9)
+        c.tick_started(9, t)
         t += 0.014
     # 9 -> 9.5 -> 10 -> 10.5, then 9 streams are no evidence for an 11th
     assert c.windows_behind == 1 and c.streams() == 10 and c.limit == 10.5
-    for _ in range(80):  # a second of ticks stepping 2 of 11 streams: no evidence for 11
-        c.tick_started(2, t, 11)
+    for _ in range(80):  # a second of ticks stepping 2 streams, the loop idle between
+        c.tick_started(2, t)
         t += 0.014
+        c.untimed(t)  # nothing running: no evidence for more
+        t += 0.050
     assert c.limit == 10.5
-    for _ in range(80):  # ... but when every one is ahead of its listener now and then, it is
-        c.tick_started(2, t, 11)
+    for _ in range(80):  # ... but 11 running, every one paused ahead of its listener now and then
+        c.tick_started(2, t)
         t += 0.014
-        c.untimed(t)  # all paused: the loop waits
+        c.untimed(t, ahead=11)
         t += 0.050
     assert c.limit == 11.0
     c.forget_ticks()  # a new warm-up: the slow start again
