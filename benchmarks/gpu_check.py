@@ -9,7 +9,9 @@ Run by ``scripts/gpu_check.sh`` (which builds the CUDA bridge first). Steps:
    on the fused GGUF (embedding in, the engine's logit columns out), and the same
    on the original GGUF (whose output layer is the full 151936-row text head);
 4. the engine, one stream at a time: TTFA p50 and per-step ms, fused heads (and
-   NumPy heads for comparison), ratio to the bare loop;
+   NumPy heads for comparison), ratio to the bare loop; then twice the load it can carry
+   (``engine_load.py``: Poisson arrivals of 2-12 s streams, real-time listeners, admission
+   by measured capacity; the capacity it found, C50/C100/C200, TTFA, refusal times, memory);
 5. ``streamtts bench`` at each concurrency level with fused heads and the tone codec (the
    backbone alone: that codec costs next to nothing), the top level again with streams
    joining a busy engine;
@@ -183,6 +185,23 @@ def bench(
     return levels_out
 
 
+def load(cfg: Path, a: argparse.Namespace, deadline_s: float, out: Path, timeout: float | None) -> dict[str, Any]:
+    """benchmarks/engine_load.py: Poisson arrivals at ``a.load_levels`` times the capacity the
+    engine finds (admission by capacity), real-time listeners, fixed-length streams."""
+    cmd = [
+        sys.executable, str(HERE / "engine_load.py"), "--config", str(cfg),
+        "--max-streams", str(a.load_streams), "--deadline-s", f"{deadline_s:.3f}",
+        "--load", *map(str, a.load_levels), "--probe", str(a.load_probe),
+        "--duration", str(a.load_duration), "--pause", "2", "--min-s", str(a.load_min_s),
+        "--max-s", str(a.load_max_s), "--out", str(out),
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"engine_load.py failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
 def real_codec(work: Path, scale: str) -> tuple[Path, float]:
     """The real decoder architecture with random weights (offline + exact streaming graphs):
     ``scale`` of the published widths (same depth, contexts and I/O), or ``tiny`` (the demo's)."""
@@ -274,6 +293,37 @@ def _bench_rows(label: str, levels: list[dict[str, Any]]) -> list[tuple[str, str
     return rows
 
 
+def _load_rows(ld: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not ld:
+        return []
+    cal = ld["calibration"]
+    lo, hi = ld["stream_s"]
+    rows = [(
+        "load: capacity found",
+        f"{cal['capacity_streams']} streams (hard cap {ld['max_streams']}); unloaded TTFA {cal['ttfa_ms_median']} ms; "
+        f"streams of {lo:g}-{hi:g} s, a wait for a slot at most {1000 * ld['deadline_s']:.0f} ms",
+    )]  # fmt: skip
+    for lv in [ld["probe"]] if "probe" in ld else []:
+        rows.append(("load probe (hard cap's rate)", _load_line(lv)))
+    for lv in ld["levels"]:
+        rows.append((f"load {lv['load']:g}x", _load_line(lv)))
+    return rows
+
+
+def _load_line(lv: dict[str, Any]) -> str:
+    rss = lv.get("rss_mb_samples") or []
+    return (
+        f"{lv['done']}/{lv['sessions']} done, {lv['refused']} refused, {lv['failed']} failed"
+        + (f" {lv['failures']}" if lv["failures"] else "")
+        + f"; carried {lv['carried_streams']} streams; "
+        f"C50/C100/C200 {lv.get('c50')}/{lv.get('c100')}/{lv.get('c200')}, "
+        f"longest underrun p95 {lv.get('underrun_ms_p95')} ms; TTFA p50/p95 {lv['ttfa_ms_p50']}/{lv['ttfa_ms_p95']} ms"
+        + (f" (x{lv['ttfa_p95_over_unloaded']} unloaded)" if "ttfa_p95_over_unloaded" in lv else "")
+        + f"; refusals p50/max {lv['refusal_ms_p50']}/{lv['refusal_ms_max']} ms"
+        + (f"; RSS {rss[0]} -> {rss[-1]} MiB" if rss else "")
+    )  # fmt: skip
+
+
 def table(res: dict[str, Any]) -> str:
     """One table from the stages' results (a stage that did not run says why)."""
     rows: list[tuple[str, str]] = []
@@ -303,6 +353,7 @@ def table(res: dict[str, Any]) -> str:
         add(("engine 1 stream, numpy heads: TTFA / step", f"{en['ttfa_ms_p50']:.1f} ms / {en['step_ms_p50']:.3f} ms"))
     rows += _bench_rows("bench concurrency", res.get("bench", []))
     rows += _bench_rows("bench joining", res.get("bench_joining", []))
+    rows += _load_rows(res.get("load"))
     if "codec" in res:
         add(("codec for the next rows", res["codec"]))
     rows += _bench_rows("bench real codec", res.get("bench_codec", []))
@@ -327,6 +378,10 @@ def table(res: dict[str, Any]) -> str:
             if top is not None and top["concurrency"] >= 64:
                 ok = top["realtime_streams"] >= 64 and top["ttfa_ms_p95"] <= 300.0
                 add((f"target 64 real-time streams, TTFA p95 <= 300 ms ({how})", "PASS" if ok else "FAIL"))
+        for lv in (res.get("load") or {}).get("levels", []):
+            ok = (lv.get("c100", 0) >= 0.99 and (lv.get("ttfa_p95_over_unloaded") or 99) <= 1.5
+                  and (lv["refusal_ms_max"] or 0) <= 100 and lv["failed"] == 0)  # fmt: skip
+            add((f"target at {lv['load']}x load: C100 >= 99 %, TTFA p95 <= 1.5x, refusals <= 100 ms", "PASS" if ok else "FAIL"))
     elif not res["gpu"]:
         add(("targets", "n/a (CPU dry run)"))
     width = max(len(k) for k, _ in rows)
@@ -399,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-numpy-heads", action="store_true", help="skip the NumPy-heads comparison run"
     )
+    ap.add_argument("--load-levels", type=float, nargs="*", default=[2.0], help="load stage: multiples of the capacity found (none: skip it)")
+    ap.add_argument("--load-streams", type=int, default=256, help="load stage: the hard cap (max_streams; llama.cpp allows 256)")
+    ap.add_argument("--load-probe", type=float, default=20.0, help="load stage: seconds of the probe that finds the capacity")
+    ap.add_argument("--load-duration", type=float, default=40.0, help="load stage: seconds of arrivals per level")
+    ap.add_argument("--load-min-s", type=float, default=2.0, help="load stage: shortest stream (audio seconds)")
+    ap.add_argument("--load-max-s", type=float, default=12.0, help="load stage: longest stream (audio seconds)")
     ap.add_argument("--deadline", type=float, default=0, help="unix time after which no stage starts (0: none)")
     ap.add_argument("--json", help="also write the results here (after every stage)")
     ap.add_argument("--table-from", metavar="JSON", help="only print the table of an earlier run's JSON")
@@ -430,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
         res["fused_rows"] = bf["n_vocab"]
     run_cfg = write_run_config(cfg, fused, args.gpu_layers, work, args.threads)
     st.run("engine_fused", lambda: engine_single(run_cfg, args.frames, args.streams))
+    if args.load_levels:
+        # a stream may wait for a slot half the unloaded TTFA (the bar: p95 within 1.5x it)
+        ttfa = (res.get("engine_fused") or {}).get("ttfa_ms_p50") or 200.0
+        need = 30 + args.load_probe + len(args.load_levels) * (args.load_duration + 2) + (1 + len(args.load_levels)) * args.load_max_s
+        st.run("load", lambda: load(run_cfg, args, max(0.05, ttfa / 2000), work / "load.json", st.timeout()), need)
     levels, top = sorted(args.concurrency), max(args.concurrency, default=1)
     if levels:
         st.run("bench", lambda: bench(run_cfg, levels, args.frames, work / "bench.json", timeout=st.timeout()), 20)

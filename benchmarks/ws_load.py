@@ -45,12 +45,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import websockets
 from _common import start_server
+from _load import arrival_times, hold_s, level_row, seen_row
 from websockets.exceptions import ConnectionClosed
-
-from streamtts.audio.continuity import continuity_row
 
 BYTES_PER_S = 2 * 24000  # pcm_s16le_24000
 
@@ -78,8 +76,8 @@ async def session(
             await ws.send(json.dumps({"type": "end"}))
             got = 0.0
             while True:
-                if ahead_s is not None and "t_first" in out:
-                    hold = got - (time.monotonic() - out["t_first"])  # audio in hand, unplayed
+                if ahead_s is not None:
+                    hold = hold_s(got, out.get("t_first"), time.monotonic())  # audio in hand, unplayed
                     if hold > ahead_s:
                         await asyncio.sleep(hold - ahead_s)
                         continue
@@ -143,54 +141,22 @@ async def level(
     url: str, rate: float, a: argparse.Namespace, seed: int, duration: float | None = None,
     http: str | None = None, pid: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    rng = random.Random(seed)
+    rng = random.Random(seed * 7919 + 1)  # the sentences: apart from the arrival times
     tasks = []
     seen: dict[str, list[float]] = {"capacity": [], "rss": []}
     watcher = asyncio.create_task(watch(http, pid, seen)) if http else None
     t0 = time.monotonic()
-    t = 0.0
-    i = 0
-    while True:
-        t += rng.expovariate(rate)
-        if t > (a.duration if duration is None else duration):
-            break
+    for i, t in enumerate(arrival_times(rate, a.duration if duration is None else duration, seed)):
         await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
         n = rng.randint(a.min_sentences, a.max_sentences)
         sid = seed * 10_000 + i
         tasks.append(asyncio.create_task(session(url, sentences(n, sid), sid, a.ahead, a.playback_buffer_ms)))
-        i += 1
     res = await asyncio.gather(*tasks)
     wall = time.monotonic() - t0
     if watcher is not None:
         watcher.cancel()
-    done = [r for r in res if r["outcome"] == "done"]
-    refused = [r for r in res if r["outcome"] == "refused"]
-    ttfa = [1000 * r["ttfa_s"] for r in done]
-    answers = [1000 * r["answer_s"] for r in refused]
-
-    def pct(v: list[float], q: float) -> float | None:
-        return round(float(np.percentile(v, q)), 1) if v else None
-
-    row: dict[str, Any] = {
-        "rate_per_s": round(rate, 4),
-        "sessions": len(res),
-        "done": len(done),
-        "refused": len(refused),
-        "failed": len(res) - len(done) - len(refused),
-        "failures": sorted({r["outcome"] if r["outcome"] != "failed" else str(r.get("error")) for r in res if r["outcome"] not in ("done", "refused")}),
-        "audio_s_mean": round(statistics.mean(r["audio_s"] for r in done), 2) if done else None,
-        "carried_streams": round(sum(r["arrivals"][-1][0] - r["arrivals"][0][0] for r in done if r["arrivals"]) / wall, 2),
-        "ttfa_ms_p50": pct(ttfa, 50),
-        "ttfa_ms_p95": pct(ttfa, 95),
-        "refusal_ms_p50": pct(answers, 50),
-        "refusal_ms_max": round(max(answers), 1) if answers else None,
-        **continuity_row([r["arrivals"] for r in done]),
-    }
-    if seen["capacity"]:  # what the server found meanwhile, and its memory every 5 s
-        cap = seen["capacity"]
-        row["capacity_streams_seen"] = {"min": min(cap), "median": statistics.median(cap), "max": max(cap),
-                                        "last_half_mean": round(statistics.mean(cap[len(cap) // 2:]), 2)}  # fmt: skip
-        row["rss_mb_samples"] = seen["rss"]
+    row = level_row(res, rate, wall)
+    row.update(seen_row(seen["capacity"], seen["rss"]))
     if a.detail:  # every session: when it connected, its outcome, TTFA and audio arrivals
         row["detail"] = [
             {"t": round(r["t_connect"] - t0, 3), "outcome": r["outcome"], "ttfa_s": r.get("ttfa_s"),

@@ -30,7 +30,8 @@
 #      fused f16 heads (streamtts convert), bare llama.cpp decode, engine single-stream TTFA
 #      and step ms, streamtts bench over the levels (tone codec: the backbone alone; a
 #      real-architecture codec on ONNX Runtime CPU), bench --null-backbone (the CPU side of
-#      a tick), GPU memory per stream; one table, printed last
+#      a tick), GPU memory per stream, and twice the load it can carry (benchmarks/engine_load.py:
+#      Poisson arrivals, real-time listeners, admission by measured capacity); one table, printed last
 #
 # Needs nvidia-smi, nvcc, cmake, a C/C++ compiler and a Python with numpy, onnxruntime,
 # onnx, tokenizers, pyyaml, rich, threadpoolctl (PYTHON, else .venv/bin/python, else python3).
@@ -101,7 +102,7 @@ save_logs() {
     [[ -n "$LOGS" ]] || return 0
     mkdir -p "$LOGS"
     local f
-    for f in table.txt gpu-check.json pytest-gpu.log measure.log kit.log; do
+    for f in table.txt gpu-check.json pytest-gpu.log measure.log kit.log probe.log; do
         [[ -f "$WORK/$f" ]] && cp "$WORK/$f" "$LOGS/$f"
     done
     # a CUDA build log runs to megabytes: its end says what failed
@@ -177,6 +178,56 @@ else
     fi
 fi
 
+# -- 1b. a model loads through this build -------------------------------------------------------
+# A tiny random GGUF, every layer on the GPU: a build that cannot load a model stops here,
+# with the native stack (cuda-gdb is on the GPU image, gdb is not) and which of the linked
+# libraries export C++ runtime symbols (one that does shadows libstdc++ for libllama).
+phase "loading a model through the bridge"
+cat >"$WORK/probe.py" <<'PYEOF'
+import sys
+from pathlib import Path
+
+from streamtts.demo import random_quant
+from streamtts.model.backbone import Backbone, BackboneParams
+
+path = Path(sys.argv[1])
+if not path.is_file():
+    random_quant.write_gguf(path, random_quant.SHAPES["tiny"], "Q4_K_M")
+b = Backbone(BackboneParams(model_path=str(path), n_ctx=256, n_batch=64, n_seq_max=1, n_threads=2,
+                            n_gpu_layers=int(sys.argv[2])))
+print("loaded: n_embd", b.n_embd)
+PYEOF
+PROBE_ARGS=("$WORK/probe.gguf" "$([[ $DRY == 1 ]] && echo 0 || echo -1)")
+if timeout 120 "$PY" -X faulthandler "$WORK/probe.py" "${PROBE_ARGS[@]}" >"$WORK/probe.log" 2>&1; then
+    done_phase "model load" "$(tail -n 1 "$WORK/probe.log")"
+else
+    LIBDIR="${STREAMTTS_CACHE:-$HOME/.cache/streamtts}/native/current-$([[ $DRY == 1 ]] && echo cpu || echo cuda)/lib"
+    set +e  # what follows only gathers evidence
+    {
+        echo "--- the load failed; std:: symbols each library defines (nm -D): all, and std::locale / ios_base ones"
+        for lib in $(ldd "$LIBDIR"/libggml-*.so "$LIBDIR"/libllama.so 2>/dev/null | awk '/=> \//{print $3}' | sort -u); do
+            syms="$(nm -D --defined-only "$lib" 2>/dev/null || true)"
+            printf '%6s %6s  %s\n' "$(grep -cE '_ZNSt|_ZNKSt|_ZSt' <<<"$syms")" \
+                "$(grep -cE '_ZNSt6locale|_ZNKSt6locale|_ZNSt8ios_base' <<<"$syms")" "$lib"
+        done
+        if command -v cuda-gdb >/dev/null; then
+            echo "--- cuda-gdb backtrace:"
+            timeout 120 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" "$WORK/probe.py" "${PROBE_ARGS[@]}" 2>&1 | tail -n 120
+        fi
+    } >>"$WORK/probe.log" 2>&1
+    set -e
+    STDCXX="$(g++ -print-file-name=libstdc++.so.6 2>/dev/null || true)"
+    if [[ -f "$STDCXX" ]] && LD_PRELOAD="$STDCXX" timeout 120 "$PY" -X faulthandler "$WORK/probe.py" "${PROBE_ARGS[@]}" >>"$WORK/probe.log" 2>&1; then
+        export LD_PRELOAD="$STDCXX"
+        done_phase "model load" "failed, then loaded with LD_PRELOAD=$STDCXX (kept for the run; probe.log says why)"
+    else
+        done_phase "model load" "failed (probe.log: the stack and the libraries)"
+        tail -n 80 "$WORK/probe.log" >&2
+        echo "error: a model does not load through this build; see $WORK/probe.log" >&2
+        exit 1
+    fi
+fi
+
 # -- 2. GPU tests ---------------------------------------------------------------------------
 phase "pytest -m gpu"
 TESTS=(tests/model/test_gpu.py)
@@ -200,7 +251,8 @@ phase "measurements (benchmarks/gpu_check.py)"
 ARGS=(--work "$WORK/model" --quant "$QUANT" --json "$WORK/gpu-check.json" --deadline "$DEADLINE")
 if [[ $DRY == 1 ]]; then
     ARGS+=(--shape tiny --gpu-layers 0 --threads 1 --bare-steps 20 --streams 2 --frames 8
-           --concurrency 1 2 --null-levels 2 4 --codec-scale tiny)
+           --concurrency 1 2 --null-levels 2 4 --codec-scale tiny
+           --load-streams 4 --load-probe 4 --load-duration 6 --load-min-s 1 --load-max-s 3)
 else
     # shellcheck disable=SC2206
     ARGS+=(--shape 8b --gpu-layers -1 --concurrency $LEVELS --null-levels 64 128 --codec-scale 0.25)

@@ -196,7 +196,7 @@ class EngineCore:
             self.admission.untimed(time.perf_counter(), self.slots.active)
             return
         t0 = time.perf_counter()
-        self.admission.tick_started(int(plan.decode.size), t0)
+        self.admission.tick_started(int(plan.decode.size), t0, self.scheduler.running())
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
             self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)

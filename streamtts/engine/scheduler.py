@@ -121,6 +121,11 @@ class Scheduler:
                 run = between
         return run
 
+    def running(self) -> int:
+        """Streams prefilled: the ones a tick steps, those it skips while a new stream makes
+        its first frame (``step_slack_s``) and those paused far ahead of their listeners."""
+        return int(self.slots.active) - len(self.joining)
+
     def _runnable(self) -> np.ndarray:
         """The slots of the streams that are prefilled and not paused, ascending."""
         streams = self.slots.streams

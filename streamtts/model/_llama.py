@@ -345,7 +345,25 @@ def candidate_paths() -> list[tuple[str, Path]]:
     return first + [(v, _variant_lib(v)) for v in backend.VARIANTS]
 
 
+# The system's C++ runtime, made global before the bridge loads. Global symbols are looked up
+# first, so libllama's std:: calls reach this libstdc++ and no other copy. Seen on the lent
+# H200 (CUDA 13, Ubuntu 24.04's g++ 13): the libggml-cuda.so built there carried a copy of
+# libstdc++ and exported its symbols (2555, std::locale's and ios_base's among them), ahead
+# of libstdc++ in the load order. libllama's first std::ostream call (print_info, loading
+# any model, GPU layers or not) ran in that copy and segfaulted; LD_PRELOAD of libstdc++
+# made the same build load and run.
+CXX_RUNTIME = "libstdc++.so.6"
+
+
+def _global_cxx_runtime() -> None:
+    try:
+        ctypes.CDLL(CXX_RUNTIME, mode=ctypes.RTLD_GLOBAL)
+    except OSError:  # not a glibc system with GNU's C++ runtime: nothing to put first
+        pass
+
+
 def _open(path: Path) -> ctypes.CDLL:
+    _global_cxx_runtime()
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:

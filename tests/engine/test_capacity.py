@@ -123,3 +123,37 @@ def test_a_second_of_slow_ticks_lowers_the_capacity_and_seconds_in_time_raise_it
     assert c.limit == 11.0
     c.forget_ticks()  # a new warm-up: the slow start again
     assert c.streams() == 2 and c.slow_start
+
+
+def test_streams_a_tick_skips_count_as_kept_in_time_if_stepping_them_would_be() -> None:
+    """While a new stream makes its first frame a tick steps only the streams short of audio
+    (step_slack_s): under a steady flow of arrivals 1-2 of 8 running streams a tick. Those
+    skipped are in time too, where stepping them as well would keep the ticks in time by the
+    estimate: counted as stepped only, the limit stayed at 8 on an H200 (ticks of 12 ms
+    where 64 fit) and at 4 on the tiny demo model."""
+    c = Capacity(max_streams=64, margin=0.25, deadline_s=2.0)
+    for _ in range(20):  # a GPU: a row more costs next to nothing
+        c.observe(2, 0.012)
+        c.observe(8, 0.013)
+    t = 0.0
+    for want in (4, 8, 16, 32):  # the slow start, with the limit's streams running each time
+        for _ in range(100):  # a second of 12 ms ticks stepping 2 streams of those running
+            c.tick_started(2, t, running=int(c.limit))
+            t += 0.012
+        assert c.limit == want  # doubled by each window once it closes
+    assert c.windows_behind == 0
+    for _ in range(100):  # but streams well below the limit running are still no evidence
+        c.tick_started(2, t, running=3)
+        t += 0.012
+    assert c.limit == 32
+
+    cpu = Capacity(max_streams=64, margin=0.25, deadline_s=2.0)
+    for _ in range(20):  # 2 cores: each stream a share of the tick
+        cpu.observe(1, 0.025)
+        cpu.observe(2, 0.050)
+    t = 0.0
+    for _ in range(3):  # 2 of 4 stepped in 25 ms ticks: all 4 would take 100 ms, not in time
+        for _ in range(41):
+            cpu.tick_started(2, t, running=4)
+            t += 0.025
+    assert cpu.limit == 4.0 and cpu.windows_behind == 0  # 2 -> 4 (2 stepped), then no more

@@ -687,3 +687,23 @@ def test_seq_state_load_rejects_busy_sequence_and_bad_bytes(make_backbone: Any) 
         b.load_seq_state(5, snap)
     b.load_seq_state(1, snap)  # still usable
     assert b.seq_pos_max(1) == 7
+
+
+def test_the_cxx_runtime_is_global_before_the_bridge_loads() -> None:
+    """libllama's std:: calls must reach the system's libstdc++: a GPU build of libggml that
+    exports its own copy (seen with CUDA 13 on the lent H200) otherwise shadows it and the
+    first std::ostream call segfaults. In a fresh process: after the bridge loads, the global
+    scope (dlopen(NULL)) resolves a libstdc++ symbol, which it does only if libstdc++ was put
+    there first (the bridge's own dependencies are loaded into a local scope)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import ctypes\n"
+        "from streamtts.model import _llama\n"
+        "_llama.load_bridge()\n"
+        "ctypes.CDLL(None)['_ZNSt8ios_base4InitC1Ev']\n"
+        "print('global')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "global", res.stderr[-2000:]

@@ -135,6 +135,9 @@ def test_the_offline_rehearsal_runs_the_whole_pipeline_from_the_kit_alone(kit: P
         "bench concurrency   1",
         "bench concurrency   2",
         "bench joining   2",
+        "load: capacity found",
+        "load probe (hard cap's rate)",
+        "load 2x ",
         "bench real codec   2",
         "bench null backbone (CPU side)   4",
         "bench null backbone + codec (the tick alone)   4",
@@ -150,7 +153,11 @@ def test_the_offline_rehearsal_runs_the_whole_pipeline_from_the_kit_alone(kit: P
     # the table is the last thing printed, and it is in the logs folder with the JSON
     assert out.rstrip().splitlines()[-1].startswith("targets "), out[-2000:]
     assert (logs / "table.txt").read_text().strip() in out
-    assert json.loads((logs / "gpu-check.json").read_text())["bench_null"]
+    result = json.loads((logs / "gpu-check.json").read_text())
+    assert result["bench_null"]
+    # the load stage: streams offered at twice the capacity the engine found, all answered
+    top = result["load"]["levels"][-1]
+    assert top["load"] == 2.0 and top["sessions"] == top["done"] + top["refused"] > 0, top
     # llama.cpp was built from the kit's source; the kit's msgspec was the one imported
     kit_log = (work / "kit.log").read_text()
     assert f"{work / 'site'}/msgspec/" in kit_log, kit_log
