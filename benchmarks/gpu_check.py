@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,9 @@ sys.path.insert(0, str(HERE.parent))  # this checkout's streamtts
 from streamtts.demo import random_quant  # noqa: E402
 
 TTFA_TARGET_MS = 120.0
+# the load stage (issue 39's GPU stage): twice the capacity the probe finds, streams of 2-12
+# s, at most 256 at once (llama.cpp's sequence limit)
+LOAD_STAGE = "--load 2 --max-streams 256 --probe 20 --duration 40 --min-s 2 --max-s 12"
 OVERHEAD_TARGET = 1.03
 
 
@@ -185,15 +189,13 @@ def bench(
     return levels_out
 
 
-def load(cfg: Path, a: argparse.Namespace, deadline_s: float, out: Path, timeout: float | None) -> dict[str, Any]:
-    """benchmarks/engine_load.py: Poisson arrivals at ``a.load_levels`` times the capacity the
-    engine finds (admission by capacity), real-time listeners, fixed-length streams."""
+def load(cfg: Path, stage_args: list[str], deadline_s: float, out: Path, timeout: float | None) -> dict[str, Any]:
+    """benchmarks/engine_load.py with ``stage_args``: Poisson arrivals at multiples of the
+    capacity the engine finds (admission by capacity), real-time listeners, fixed-length
+    streams; a wait for a slot of at most ``deadline_s``."""
     cmd = [
-        sys.executable, str(HERE / "engine_load.py"), "--config", str(cfg),
-        "--max-streams", str(a.load_streams), "--deadline-s", f"{deadline_s:.3f}",
-        "--load", *map(str, a.load_levels), "--probe", str(a.load_probe),
-        "--duration", str(a.load_duration), "--pause", "2", "--min-s", str(a.load_min_s),
-        "--max-s", str(a.load_max_s), "--out", str(out),
+        sys.executable, str(HERE / "engine_load.py"), "--config", str(cfg), "--pause", "2",
+        *stage_args, "--deadline-s", f"{deadline_s:.3f}", "--out", str(out),
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
@@ -454,12 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-numpy-heads", action="store_true", help="skip the NumPy-heads comparison run"
     )
-    ap.add_argument("--load-levels", type=float, nargs="*", default=[2.0], help="load stage: multiples of the capacity found (none: skip it)")
-    ap.add_argument("--load-streams", type=int, default=256, help="load stage: the hard cap (max_streams; llama.cpp allows 256)")
-    ap.add_argument("--load-probe", type=float, default=20.0, help="load stage: seconds of the probe that finds the capacity")
-    ap.add_argument("--load-duration", type=float, default=40.0, help="load stage: seconds of arrivals per level")
-    ap.add_argument("--load-min-s", type=float, default=2.0, help="load stage: shortest stream (audio seconds)")
-    ap.add_argument("--load-max-s", type=float, default=12.0, help="load stage: longest stream (audio seconds)")
+    ap.add_argument(
+        "--load-stage", default=LOAD_STAGE, metavar="ARGS",
+        help="the load stage's benchmarks/engine_load.py arguments, as one string (write "
+        "--load-stage=ARGS); '' skips the stage",
+    )  # fmt: skip
     ap.add_argument("--deadline", type=float, default=0, help="unix time after which no stage starts (0: none)")
     ap.add_argument("--json", help="also write the results here (after every stage)")
     ap.add_argument("--table-from", metavar="JSON", help="only print the table of an earlier run's JSON")
@@ -491,11 +492,15 @@ def main(argv: list[str] | None = None) -> int:
         res["fused_rows"] = bf["n_vocab"]
     run_cfg = write_run_config(cfg, fused, args.gpu_layers, work, args.threads)
     st.run("engine_fused", lambda: engine_single(run_cfg, args.frames, args.streams))
-    if args.load_levels:
+    if args.load_stage:
+        import engine_load  # this folder's: how long the stage's arguments take
+
+        stage = shlex.split(args.load_stage)
+        la = engine_load.parse(stage)
+        need = 30 + la.probe + len(la.load) * (la.duration + 2) + (1 + len(la.load)) * la.max_s
         # a stream may wait for a slot half the unloaded TTFA (the bar: p95 within 1.5x it)
         ttfa = (res.get("engine_fused") or {}).get("ttfa_ms_p50") or 200.0
-        need = 30 + args.load_probe + len(args.load_levels) * (args.load_duration + 2) + (1 + len(args.load_levels)) * args.load_max_s
-        st.run("load", lambda: load(run_cfg, args, max(0.05, ttfa / 2000), work / "load.json", st.timeout()), need)
+        st.run("load", lambda: load(run_cfg, stage, max(0.05, ttfa / 2000), work / "load.json", st.timeout()), need)
     levels, top = sorted(args.concurrency), max(args.concurrency, default=1)
     if levels:
         st.run("bench", lambda: bench(run_cfg, levels, args.frames, work / "bench.json", timeout=st.timeout()), 20)

@@ -252,7 +252,7 @@ ARGS=(--work "$WORK/model" --quant "$QUANT" --json "$WORK/gpu-check.json" --dead
 if [[ $DRY == 1 ]]; then
     ARGS+=(--shape tiny --gpu-layers 0 --threads 1 --bare-steps 20 --streams 2 --frames 8
            --concurrency 1 2 --null-levels 2 4 --codec-scale tiny
-           --load-streams 4 --load-probe 4 --load-duration 6 --load-min-s 1 --load-max-s 3)
+           "--load-stage=--load 2 --max-streams 4 --probe 4 --duration 6 --min-s 1 --max-s 3")
 else
     # shellcheck disable=SC2206
     ARGS+=(--shape 8b --gpu-layers -1 --concurrency $LEVELS --null-levels 64 128 --codec-scale 0.25)
