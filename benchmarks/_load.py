@@ -1,5 +1,6 @@
 """What the two load benchmarks share (ws_load.py over WebSockets, engine_load.py on an engine
-in the process): Poisson arrival times, a listener's read-ahead, and one level's row.
+in the process): Poisson arrival times, a listener's read-ahead, a process's memory, and one
+level's row.
 
 A session's result is a dict: ``outcome`` ("done", "refused", or what else ended it),
 ``arrivals`` ((monotonic time, audio seconds) per chunk), ``ttfa_s``, ``audio_s``,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,16 @@ def arrival_times(rate: float, duration: float, seed: int) -> Iterator[float]:
 def hold_s(got_s: float, t_first: float | None, now: float) -> float:
     """Audio a real-time listener holds unplayed: received minus played since its first audio."""
     return 0.0 if t_first is None else got_s - (now - t_first)
+
+
+def rss_mb(pid: int | str | None = "self") -> float | None:
+    """A process's resident memory in MB (``"self"``: this one; None: none to read)."""
+    if pid is None:
+        return None
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def pct(v: Sequence[float], q: float) -> float | None:

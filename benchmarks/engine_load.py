@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _load import arrival_times, hold_s, level_row, seen_row
+from _load import arrival_times, hold_s, level_row, rss_mb, seen_row
 
 from streamtts import Engine
 from streamtts.constants import FRAME_RATE, SAMPLE_RATE
@@ -54,7 +54,7 @@ TEXT = "The quick brown fox jumps over the lazy dog, and the load goes on."
 async def one(engine: Engine, seed: int, frames: int, ahead_s: float | None) -> dict[str, Any]:
     """One stream of ``frames`` frames, read by a listener ``ahead_s`` ahead (None: as it comes)."""
     t0 = time.monotonic()
-    out: dict[str, Any] = {"arrivals": [], "outcome": "failed", "t_connect": t0, "frames": frames}
+    out: dict[str, Any] = {"arrivals": [], "outcome": "failed", "t_connect": t0}
     got = 0.0
     try:
         s = engine.stream(TEXT, options=StreamOptions(seed=seed, fixed_frames=frames))
@@ -80,20 +80,13 @@ async def one(engine: Engine, seed: int, frames: int, ahead_s: float | None) -> 
     return out
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return float("nan")
-
-
 async def watch(engine: Engine, into: dict[str, list[float]]) -> None:
     """Every second the engine's capacity, every five this process's memory, until cancelled."""
     k = 0
     while True:
         into["capacity"].append(float(engine.admission_info().get("capacity_streams", 0)))
-        if k % 5 == 0:
-            into["rss"].append(rss_mb())
+        if k % 5 == 0 and (mb := rss_mb()) is not None:
+            into["rss"].append(mb)
         k += 1
         await asyncio.sleep(1.0)
 

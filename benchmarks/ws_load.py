@@ -47,7 +47,7 @@ from typing import Any
 
 import websockets
 from _common import start_server
-from _load import arrival_times, hold_s, level_row, seen_row
+from _load import arrival_times, hold_s, level_row, rss_mb, seen_row
 from websockets.exceptions import ConnectionClosed
 
 BYTES_PER_S = 2 * 24000  # pcm_s16le_24000
@@ -109,15 +109,6 @@ async def session(
         out["error"] = repr(exc)
     out["audio_s"] = sum(s for _, s in out["arrivals"])
     return out
-
-
-def rss_mb(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return None
 
 
 def health(http: str) -> dict[str, Any]:

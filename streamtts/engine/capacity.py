@@ -17,10 +17,10 @@ start, all of that counted but the loop's own waits). A window whose ticks came 
 the margin allows lowers a limit on the capacity to three quarters of the streams it
 stepped; each window in time with about as many streams as the limit raises it by half a
 stream (streams running that a tick skipped, being far enough ahead, count too when
-stepping them as well would still have been in time by the estimate). The limit starts low (two streams) and doubles with each window in time until a
-first window falls behind, as TCP's slow start does: a fresh server admitted up to the
-estimate at once, and the streams admitted before the first slow window lowered the limit
-stuttered together (measured: C100 92 % at twice the load on the tiny demo model); doubling
+stepping them as well would still have been in time by the estimate). The limit starts
+low (two streams) and doubles with each window in time until a first window falls behind,
+as TCP's slow start does: a fresh server admitted up to the estimate at once, and the
+streams admitted before the first slow window lowered the limit stuttered together (measured: C100 92 % at twice the load on the tiny demo model); doubling
 still reaches 64 in five seconds. (Timing ticks start to start for the estimate itself was
 tried: once the estimate fell, everything beyond it was refused, no tick at a higher count
 was seen again, and it never rose.)
@@ -120,7 +120,7 @@ class Capacity:
         ``streams``)."""
         self._tick_ended(t)
         self._tick_at, self._last_streams = t, streams
-        self._last_running = max(streams, streams if running is None else running)
+        self._last_running = streams if running is None else max(streams, running)
         w = self._win
         if w is None or w[2] >= _WINDOW_S:  # a window is about a second of ticks
             if w is not None:
