@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 __all__ = ["BackboneLike", "EngineCore", "StepProfile", "StepResult"]
 
 _NEG_INF = np.float32(-np.inf)
+# Every stream paused ahead of its listener: the loop looks again this often (a stream resumes
+# with resume_buffered_s of audio in hand, so a few ms late costs nothing) instead of spinning
+# a core and the GIL until a listener catches up.
+PAUSED_POLL_S = 0.005
+# Idle with requests waiting: their deadlines are looked at this often.
+_IDLE_POLL_S = 0.5
 
 
 @dataclass(slots=True)
@@ -130,6 +136,7 @@ class EngineCore:
         self._thread = threading.Thread(target=self._run, name="streamtts-engine", daemon=True)
         self._stopping = False
         self.ticks = 0  # engine ticks so far (prefill-only ticks included)
+        self._all_paused = False  # the last tick had nothing to run: every stream paused
         # admission by measured capacity (cfg.admission == "capacity"); ticks timed either way
         self.admission = Capacity(cap, cfg.realtime_margin, cfg.first_audio_deadline_s)
         self.waiting = WaitingQueue(cfg, self.slots, self.admission, self._reject)
@@ -173,8 +180,7 @@ class EngineCore:
     def _run(self) -> None:
         try:
             while True:
-                idle = self.slots.active == 0
-                if not self._drain_commands(block=idle):
+                if not self._drain_commands(self._wait_s()):
                     break
                 self._admit_waiting()
                 self.waiting.expire()  # after: one that can start now does
@@ -187,10 +193,19 @@ class EngineCore:
         finally:
             self._fail_all(EngineClosedError("engine closed"))
 
+    def _wait_s(self) -> float | None:
+        """How long the loop may wait for a command first: until one comes when idle (its
+        waiting requests' deadlines looked at meanwhile), a moment when every stream is
+        paused, not at all while streams step."""
+        if self.slots.active == 0:
+            return _IDLE_POLL_S if self.waiting else None
+        return PAUSED_POLL_S if self._all_paused else 0.0
+
     def step(self) -> None:
         """One tick: ``schedule -> execute -> update``."""
         self.ticks += 1
         plan = self.scheduler.schedule()
+        self._all_paused = plan.empty
         if plan.empty:
             # every stream paused ahead of its listener: nothing is behind
             self.admission.untimed(time.perf_counter(), self.slots.active)
@@ -207,13 +222,16 @@ class EngineCore:
         if not self.slots.active:
             self.admission.untimed(time.perf_counter())  # the loop waits for work next
 
-    def _drain_commands(self, block: bool) -> bool:
-        if not block and self._commands.empty():  # the usual tick: no exception raised and caught
+    def _drain_commands(self, wait_s: float | None) -> bool:
+        """Apply the commands queued, having waited up to ``wait_s`` for the first (None: as
+        long as it takes); False on Stop."""
+        if wait_s == 0.0 and self._commands.empty():  # the usual tick: no exception raised and caught
             return True
+        block = wait_s != 0.0
         while True:
             try:
                 if block:
-                    cmd = self._commands.get(timeout=0.5 if self.waiting else None)
+                    cmd = self._commands.get(timeout=wait_s)
                     block = False
                 else:
                     cmd = self._commands.get_nowait()

@@ -34,6 +34,9 @@ class StreamSink:
 
     # -- producer side (engine / decode threads) --------------------------------------
     def put_chunk(self, chunk: AudioChunk, outbox: Outbox | None = None) -> None:
+        if not self.stats.t_first_made:
+            self.stats.t_first_made = time.monotonic()
+            self.stats.first_audio_step = chunk.step
         self.produced_samples += chunk.pcm.shape[0]
         self._put(chunk, outbox)
 
@@ -66,5 +69,4 @@ class StreamSink:
             self.consumed_samples += item.pcm.shape[0]
             if not self.stats.t_first_audio:
                 self.stats.t_first_audio = time.monotonic()
-                self.stats.first_audio_step = item.step
         return item

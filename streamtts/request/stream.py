@@ -145,6 +145,7 @@ class StreamStats:
     t_admitted: float = 0.0  # got a slot
     t_prefilled: float = 0.0
     t_first_audio: float = 0.0  # first chunk handed to the consumer
+    t_first_made: float = 0.0  # first chunk made (the producer's clock: t_done is too)
     first_audio_step: int = 0  # the step that completed the first chunk's last frame
     t_done: float = 0.0
     prepare_s: float = 0.0  # normalise + tokenise + reference + prompt embedding
@@ -174,11 +175,14 @@ class StreamStats:
     @property
     def ms_per_tick(self) -> float:
         """Wall time per step from the first audio to the last: the tick as the listener lives
-        it once audio flows, with all the engine and the machine did between its steps."""
+        it once audio flows, with all the engine and the machine did between its steps. Both
+        ends are the producer's: a consumer that takes its first chunk late (many streams on
+        few cores) may take it after the stream was done."""
         steps = self.steps - self.first_audio_step
-        if not (steps > 0 and self.t_first_audio and self.t_done):
+        start = self.t_first_made or self.t_first_audio
+        if not (steps > 0 and start and self.t_done):
             return float("nan")
-        return 1000.0 * (self.t_done - self.t_first_audio) / steps
+        return 1000.0 * (self.t_done - start) / steps
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -11,6 +11,12 @@ only changes what uvicorn does around it:
   frame (and a FIN where the protocol has failed the connection), keeps
   reading and discarding until the client closes or ``ERROR_CLOSE_TIMEOUT_S``
   passes, then closes.
+* **Answering the client's close**: uvicorn writes the answer and closes the socket at once.
+  A client's frames sent after its close (pongs answering pings still on their way to it)
+  then reach a closed socket, and the kernel answers with a reset that drops everything not
+  yet delivered: the answer, and the last audio. Here the answer is followed by a FIN, and
+  the server reads (and discards) until the client closes its side or
+  ``CLIENT_CLOSE_TIMEOUT_S`` passes.
 * **Logging**: a text frame that is not UTF-8 is one rate-limited INFO line
   (uvicorn logs a traceback at ERROR); so are the other protocol errors.
 * **Shutting down** (Ctrl-C): uvicorn sends each connection a close frame and closes it,
@@ -40,11 +46,14 @@ from websockets.http11 import Request
 from .logs import REFUSALS
 from .pacing import PING_EXTENSION
 
-__all__ = ["ERROR_CLOSE_TIMEOUT_S", "SHUTDOWN_FLUSH_S", "WebSocketProtocol"]
+__all__ = ["CLIENT_CLOSE_TIMEOUT_S", "ERROR_CLOSE_TIMEOUT_S", "SHUTDOWN_FLUSH_S", "WebSocketProtocol"]
 
 log = logging.getLogger(__name__)
 
 ERROR_CLOSE_TIMEOUT_S = 2.0  # wait this long for the client's side of an error close
+# after answering the client's close, wait this long for it to close its side (it reads what
+# was sent before the answer first: the websockets library's own close timeout)
+CLIENT_CLOSE_TIMEOUT_S = 10.0
 SHUTDOWN_FLUSH_S = 1.0  # at shutdown, a connection's unsent data gets this long to go out
 
 _INVALID_UTF8 = 1007
@@ -128,23 +137,37 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self._close_after_error(f"{type(exc).__name__}: {exc}")
 
     def _close_after_error(self, why: str) -> None:
-        self._error_closing = True
         close = self.conn.close_sent
         code = close.code if close is not None else 1006
         reason = close.reason if close is not None else ""
         REFUSALS.log("closed WebSocket from %s with %d: %s", self._peer(), code, why)
+        self._error_closing = True
+        self._closed_reading_on(code, reason, ERROR_CLOSE_TIMEOUT_S)
+
+    # -- the client's close: answered, then read on until the client closes ------------------
+    def handle_close(self, event: Frame) -> None:
+        if self.close_sent or self.transport.is_closing():
+            super().handle_close(event)  # the answer to our own close: the handshake is done
+            return
+        close = self.conn.close_rcvd
+        assert close is not None  # the frame was parsed; the protocol wrote its answer
+        self._closed_reading_on(close.code, close.reason, CLIENT_CLOSE_TIMEOUT_S)
+
+    def _closed_reading_on(self, code: int, reason: str, timeout_s: float) -> None:
+        """The app is told, the close frame the protocol wrote goes out (with a FIN where the
+        protocol ended its side), and reading goes on: a client's frames that cross the
+        close are read, not answered by a reset that would drop what is still unsent."""
         self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
         self.transport.write(b"".join(self.conn.data_to_send()))
         if self.conn.eof_sent and self.transport.can_write_eof():
-            # The protocol failed the connection (it reads no close frame back): a FIN tells
-            # the client the close is complete, and the client closes its side.
+            # A FIN tells the client the close is complete, and the client closes its side.
             self.transport.write_eof()
         self.close_sent = True
-        if self.read_paused:  # keep reading, so nothing unread makes close() send a reset
+        if self.read_paused:
             self.read_paused = False
             self.transport.resume_reading()
         if self.close_timer is None:
-            self.close_timer = self.loop.call_later(ERROR_CLOSE_TIMEOUT_S, self.transport.close)
+            self.close_timer = self.loop.call_later(timeout_s, self.transport.close)
 
     def _peer(self) -> str:
         return self.client[0] if self.client else "?"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from streamtts.codec import load_decoder
 from streamtts.config import SamplingParams, find_model_config, load_config
 from streamtts.core.tokens import load_token_ids
 from streamtts.engine.decoding import _END_RAMP, END_FADE_SAMPLES
+from streamtts.engine.loop import PAUSED_POLL_S
 from streamtts.errors import InputError, PromptTooLongError, ReferenceAudioError
 from streamtts.model import official
 from streamtts.model.tables import AudioHeads
@@ -253,8 +255,14 @@ def test_slow_consumer_pauses_generation(demo_model_dir: Path) -> None:
                     if n == 10:
                         await asyncio.sleep(1.0)  # stall: the engine must pause, not run ahead
                         steps_after_stall = s.stats.steps
+                        core = engine._core
+                        assert core is not None
+                        ticks, t0 = core.ticks, time.monotonic()
                         await asyncio.sleep(0.5)
                         assert s.stats.steps == steps_after_stall  # paused
+                        # and it waits between its looks, rather than spinning a core
+                        looks = core.ticks - ticks
+                        assert looks <= (time.monotonic() - t0) / PAUSED_POLL_S + 2, looks
             return peak, n, s.stats.steps
 
     peak, n, steps = run(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -54,3 +55,31 @@ def test_an_outbox_hands_every_sink_its_items_in_order_in_one_call_per_loop() ->
     assert calls == 1
     assert [st.first_audio_step for st in stats] == [40, 41, 42]  # the first chunk's step
     assert stats[1].t_done > 0 and stats[0].t_done == 0
+
+
+def test_a_stream_taken_after_it_was_done_has_a_positive_tick() -> None:
+    """Many streams on few cores: a consumer may take its first chunk after the decode thread
+    finished the stream. The tick is timed on the producer's clock, not negative."""
+
+    async def main() -> StreamStats:
+        sink = StreamSink(asyncio.get_running_loop(), StreamStats(steps=50))
+
+        def decode_thread() -> None:
+            sink.put_chunk(_chunk(0, 10))
+            time.sleep(0.01)  # so the producer's span is not 0 on a coarse clock
+            sink.put_chunk(_chunk(1, 50))
+            sink.finish()
+
+        t = threading.Thread(target=decode_thread)
+        t.start()
+        t.join()
+        done = sink.stats.t_done
+        while time.monotonic() == done:  # the consumer's first look comes strictly later
+            await asyncio.sleep(0)
+        while await sink.get() is not None:
+            pass
+        return sink.stats
+
+    st = asyncio.run(main())
+    assert st.t_first_audio > st.t_done  # taken after it was done
+    assert st.first_audio_step == 10 and st.ms_per_tick > 0

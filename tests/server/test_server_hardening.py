@@ -33,6 +33,7 @@ from streamtts.server.hosts import HostAllowList
 from streamtts.server.logs import RateLimitedLog
 
 SHORT = "Hello there, this is a short test."
+LONG = " ".join(f"This is sentence number {i} of a long text that keeps going." for i in range(12))
 BASE = ["--max-streams", "4", "--n-threads", "2", "--segment-max-new-tokens", "44"]
 FIRST_MESSAGE_S = 3  # long enough for the test to see the silent sockets hold every slot
 
@@ -109,8 +110,12 @@ class RawWs:
     """A WebSocket client on a plain socket, framing by hand where a test needs it odd:
     the ``websockets`` sans-I/O client builds the frames, this class moves the bytes."""
 
-    def __init__(self, port: int, headers: dict[str, str] | None = None, source: str | None = None) -> None:
+    def __init__(
+        self, port: int, headers: dict[str, str] | None = None, source: str | None = None, rcvbuf: int = 0
+    ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:  # before connecting: the window the server sees
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         if source is not None:
             self.sock.bind((source, 0))
         self.sock.connect(("127.0.0.1", port))
@@ -179,6 +184,14 @@ class RawWs:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def wait_until(what: Any, timeout: float = 60) -> None:
+    """Poll ``what`` until true (the event, not a time: the timeout only ends a hung test)."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "the moment of the test never came"
+        time.sleep(0.01)
 
 
 def log_text(srv: Any) -> str:
@@ -398,6 +411,29 @@ def test_a_frame_over_the_hard_limit_closes_1009_cleanly_while_the_client_still_
     r = ws.read_until_closed()
     assert not ws.reset, "the server reset the connection"
     assert r.close_code == 1009, r
+    assert_healthy(server)
+    assert_log_clean(server)
+
+
+def test_a_client_close_is_answered_though_a_frame_crosses_it(server: Any) -> None:
+    """A client closes mid-stream, with audio it has not read still in the server's socket, and
+    sends a pong after its close (it answers a ping that was on its way): the pong reaches the
+    server after the server read the close. The client still reads all that was sent, then
+    the answer to its close, not a reset that drops them (uvicorn's close: say, 1 run in 8)."""
+    ws = RawWs(server.port, rcvbuf=4096)
+    sent = server.metric("streamtts_audio_seconds_total")
+    ws.send_json({"type": "start", "format": "pcm_f32le_24000"})
+    ws.send_json({"type": "text", "text": LONG})
+    # 1 s of audio is 96 kB: far more than the client's window, so most of it waits in the server
+    wait_until(lambda: server.metric("streamtts_audio_seconds_total") - sent >= 1.0)
+    ws.proto.send_close(1000)
+    ws.flush()
+    wait_until(lambda: server.health()["sessions"] == 0)  # the server has read the close
+    ws.proto.send_pong(b"late")
+    ws.flush()
+    r = ws.read_until_closed()
+    assert not ws.reset, "the server reset the connection"
+    assert r.close_code == 1000 and r.audio >= 96_000, r
     assert_healthy(server)
     assert_log_clean(server)
 
