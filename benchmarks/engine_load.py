@@ -25,7 +25,10 @@ speaks a fixed number of frames (``StreamOptions.fixed_frames``) drawn uniformly
 
 Per level: sessions done / refused / failed, C50 / C100 / C200 and the p95 of the longest
 underrun, TTFA p50 / p95, how long a refusal took (from the request to ``OverloadedError``),
-the capacity the engine reported each second and this process's resident memory every five.
+the capacity the engine reported each second and this process's resident memory every five;
+``ttfa_parts_ms``: TTFA's two parts, p50 / p95 of the streams done, from the request to its
+prompt prefilled (queue, preparation, prefill) and from there to its first chunk made (the
+ticks of its first frames and the codec's first call).
 The load generator runs in the engine's process, as the server's WebSocket handlers do.
 """
 
@@ -41,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _load import arrival_times, hold_s, level_row, rss_mb, seen_row
+from _load import arrival_times, hold_s, level_row, pct, rss_mb, seen_row
 
 from streamtts import Engine
 from streamtts.constants import FRAME_RATE, SAMPLE_RATE
@@ -70,6 +73,9 @@ async def one(engine: Engine, seed: int, frames: int, ahead_s: float | None) -> 
                 if ahead_s is not None and (hold := hold_s(got, out["t_first"], now)) > ahead_s:
                     await asyncio.sleep(hold - ahead_s)
         out["outcome"] = "done"
+        st = s.stats  # the engine's clock: request, prompt prefilled, first chunk made
+        out["to_prefilled_ms"] = 1000 * (st.t_prefilled - st.t_submit)
+        out["to_first_chunk_ms"] = 1000 * (st.t_first_made - st.t_prefilled)
     except QueueTimeoutError as exc:  # waited for a slot past its deadline: not a quick refusal
         out["outcome"], out["error"] = "queue_timeout", str(exc)
     except OverloadedError as exc:
@@ -111,12 +117,17 @@ async def level(engine: Engine, rate: float, a: argparse.Namespace, seed: int, d
     row.update(seen_row(seen["capacity"], seen["rss"]))
     held = [r["t_last"] - r["t_connect"] for r in res if r["outcome"] == "done"]
     row["slot_held_s_mean"] = round(statistics.mean(held), 3) if held else None  # request to last chunk
+    row["ttfa_parts_ms"] = {
+        part: [pct([r[part] for r in res if r["outcome"] == "done"], q) for q in (50, 95)]
+        for part in ("to_prefilled_ms", "to_first_chunk_ms")
+    }
     return row
 
 
 async def main(a: argparse.Namespace) -> dict[str, Any]:
     engine = Engine.from_config(
-        a.config, max_streams=a.max_streams, admission="capacity", first_audio_deadline_s=a.deadline_s
+        a.config, max_streams=a.max_streams, admission="capacity", first_audio_deadline_s=a.deadline_s,
+        n_threads=a.n_threads,
     )
     mean_s = (a.min_s + a.max_s) / 2
     out: dict[str, Any] = {"config": a.config, "max_streams": a.max_streams, "deadline_s": a.deadline_s,
@@ -164,6 +175,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="model config (default: the demo model)")
     p.add_argument("--max-streams", type=int, default=16, help="the hard cap (max_streams)")
+    p.add_argument("--n-threads", type=int, default=None, help="llama.cpp's threads (default: the config's)")
     p.add_argument("--deadline-s", type=float, default=0.5, help="first_audio_deadline_s: the longest a stream may wait for a slot")
     p.add_argument("--load", type=float, nargs="*", default=[0.5, 1.0, 2.0], help="levels as multiples of the capacity")
     p.add_argument("--capacity", type=float, help="--load in multiples of this many streams instead of the probe's")
