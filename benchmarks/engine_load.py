@@ -115,11 +115,11 @@ async def level(engine: Engine, rate: float, a: argparse.Namespace, seed: int, d
     watcher.cancel()
     row = level_row(res, rate, wall)
     row.update(seen_row(seen["capacity"], seen["rss"]))
-    held = [r["t_last"] - r["t_connect"] for r in res if r["outcome"] == "done"]
+    done = [r for r in res if r["outcome"] == "done"]
+    held = [r["t_last"] - r["t_connect"] for r in done]
     row["slot_held_s_mean"] = round(statistics.mean(held), 3) if held else None  # request to last chunk
     row["ttfa_parts_ms"] = {
-        part: [pct([r[part] for r in res if r["outcome"] == "done"], q) for q in (50, 95)]
-        for part in ("to_prefilled_ms", "to_first_chunk_ms")
+        part: [pct([r[part] for r in done], q) for q in (50, 95)] for part in ("to_prefilled_ms", "to_first_chunk_ms")
     }
     return row
 

@@ -20,8 +20,9 @@ stream (streams running that a tick skipped, being far enough ahead, count too w
 stepping them as well would still have been in time by the estimate). The limit starts
 low (two streams) and doubles with each window in time until a first window falls behind,
 as TCP's slow start does: a fresh server admitted up to the estimate at once, and the
-streams admitted before the first slow window lowered the limit stuttered together (measured: C100 92 % at twice the load on the tiny demo model); doubling
-still reaches 64 in five seconds. (Timing ticks start to start for the estimate itself was
+streams admitted before the first slow window lowered the limit stuttered together
+(measured: C100 92 % at twice the load on the tiny demo model); doubling still reaches 64
+in five seconds. (Timing ticks start to start for the estimate itself was
 tried: once the estimate fell, everything beyond it was refused, no tick at a higher count
 was seen again, and it never rose.)
 
