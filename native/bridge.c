@@ -72,6 +72,7 @@ struct stt_ctx {
     ggml_threadpool_t     threadpool; /* NULL unless params.poll >= 0 */
 
     int32_t n_embd, n_vocab, n_ctx, n_ctx_seq, n_seq_max, n_batch;
+    int32_t n_threads_max; /* the most threads a decode may use (the threadpool's size) */
     int32_t kv_unified;
     int32_t embeddings_on; /* last value given to llama_set_embeddings */
 
@@ -390,6 +391,8 @@ STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
     snprintf(c->placement, sizeof c->placement, "%s", g_place);
     g_place_on = 0;
     pthread_mutex_unlock(&g_log_mu);
+
+    c->n_threads_max = (int32_t)(cp.n_threads_batch > cp.n_threads ? cp.n_threads_batch : cp.n_threads);
 
     /* optional: our own CPU threadpool, so its polling level is ours to choose */
     if (p->poll >= 0) {
@@ -923,6 +926,23 @@ STT_API int32_t stt_n_seq_max(const struct stt_ctx *c) { return c ? c->n_seq_max
 STT_API int32_t stt_n_batch(const struct stt_ctx *c)   { return c ? c->n_batch : STT_E_INVALID; }
 STT_API int32_t stt_n_threads(const struct stt_ctx *c) {
     return c ? llama_n_threads(c->lctx) : STT_E_INVALID;
+}
+STT_API int32_t stt_n_threads_batch(const struct stt_ctx *c) {
+    return c ? llama_n_threads_batch(c->lctx) : STT_E_INVALID;
+}
+/* The threads of a one-row decode and of a multi-row one (llama_set_n_threads), each 1 to
+ * the most the context was made with (its threadpool has no more workers). The engine
+ * chooses them from measured decodes (streamtts/engine/thread_tuner.py). */
+STT_API int32_t stt_set_n_threads(struct stt_ctx *c, int32_t n_threads, int32_t n_threads_batch) {
+    if (c == NULL || n_threads < 1 || n_threads_batch < 1 || n_threads > c->n_threads_max ||
+        n_threads_batch > c->n_threads_max) {
+        return STT_E_INVALID;
+    }
+    llama_set_n_threads(c->lctx, n_threads, n_threads_batch);
+    return STT_OK;
+}
+STT_API int32_t stt_n_threads_max(const struct stt_ctx *c) {
+    return c ? c->n_threads_max : STT_E_INVALID;
 }
 STT_API int32_t stt_has_threadpool(const struct stt_ctx *c) {
     return c ? (c->threadpool != NULL) : STT_E_INVALID;

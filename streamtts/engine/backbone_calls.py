@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -17,10 +17,11 @@ from ..model.backbone import KV_PAD, BackboneParams
 from .prefix_cache import PrefixCache
 from .scheduler import Plan, Scheduler
 from .slot_table import SlotTable
+from .thread_tuner import ThreadTuner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BackboneCalls", "BackboneFactory", "BackboneLike", "StepProfile"]
+__all__ = ["BackboneCalls", "BackboneFactory", "BackboneLike", "StepProfile", "ThreadedBackbone"]
 
 
 class BackboneLike(Protocol):
@@ -56,6 +57,16 @@ class BackboneLike(Protocol):
     def load_seq_state(self, seq: int, state: np.ndarray) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ThreadedBackbone(Protocol):
+    """A backbone whose decodes' thread count may change between decodes (model/backbone.py's)."""
+
+    n_threads_max: int
+    cpu_decodes: bool  # the layers run on the CPU (else its threads do little of a decode)
+
+    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None: ...
 
 
 # what puts a stand-in in llama.cpp's place (tests; `streamtts bench --null-backbone`)
@@ -135,6 +146,29 @@ class BackboneCalls:
         self.embed: Callable[[int, int], None] | None = None  # the step embedding, bound by the loop
         self._arange = np.arange(rows_max, dtype=np.int32)
         self._slot_ids = np.arange(cap, dtype=np.int64)
+        # automatic threads on the CPU: each decode's count chosen from measured decodes
+        self.tuner: ThreadTuner | None = None
+        self._threaded: ThreadedBackbone | None = None
+        if cfg.n_threads == 0 and isinstance(backbone, ThreadedBackbone) and backbone.cpu_decodes:
+            tuner = ThreadTuner(backbone.n_threads_max)
+            if tuner.active:
+                self.tuner, self._threaded = tuner, backbone
+                self._threads = backbone.n_threads_max
+
+    def _decode(self, n: int, want_hidden: bool, out_offset: int = 0, lend: bool = False) -> None:
+        """One llama_decode of the bound rows [0, n), on the thread count the tuner chose."""
+        tuner = self.tuner
+        if tuner is None:
+            self.backbone.decode_bound(n, want_hidden, out_offset, lend)
+            return
+        k = tuner.threads(n)
+        if k != self._threads:
+            assert self._threaded is not None
+            self._threaded.set_threads(k)
+            self._threads = k
+        t0 = time.perf_counter()
+        self.backbone.decode_bound(n, want_hidden, out_offset, lend)
+        tuner.observe(n, k, time.perf_counter() - t0)
 
     # -- the step --------------------------------------------------------------------------
     def decode_run(self, run: np.ndarray, lend: bool = False) -> bool:
@@ -165,7 +199,7 @@ class BackboneCalls:
             self.outf[run - run[0]] = 1
         t1 = time.perf_counter()
         try:
-            self.backbone.decode_bound(n, self.want_hidden, 0, lend)
+            self._decode(n, self.want_hidden, 0, lend)
         except Exception as exc:
             log.exception("backbone step failed for %d streams", b)
             self._fail(run, "backbone step failed", exc)
@@ -242,7 +276,7 @@ class BackboneCalls:
             self.outf[n - 1] = 1
         t0 = time.perf_counter()
         try:
-            self.backbone.decode_bound(n, out_row >= 0 and self.want_hidden, max(out_row, 0))
+            self._decode(n, out_row >= 0 and self.want_hidden, max(out_row, 0))
         except Exception as exc:
             log.exception("prefill failed")
             self._fail([slot], "prompt prefill failed", exc)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..request import PreparedRequest
 
-__all__ = ["Abort", "Command", "Stop", "Submit"]
+__all__ = ["Abort", "Command", "EndSession", "Stop", "Submit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +24,15 @@ class Abort:
 
 
 @dataclass(frozen=True, slots=True)
+class EndSession:
+    """Session ``session`` will start no more streams: the room it holds is free."""
+
+    session: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """End the loop (every stream fails with EngineClosedError)."""
 
 
-Command = Submit | Abort | Stop
+Command = Submit | Abort | EndSession | Stop

@@ -103,6 +103,7 @@ class AudioStream:
         self.priority = False
         self.session = 0  # the segmented pipeline it belongs to (0: none) ...
         self.reserve = 0  # ... and the streams that pipeline runs beside it (waiting.py)
+        self.next_queued = False  # ... whose next segment is queued already (waiting.py)
 
     @property
     def segments_done(self) -> int:
@@ -187,6 +188,7 @@ class AudioStream:
         self._sink = sink
         self.prompt = req.prompt
         req.priority, req.session, req.reserve = self.priority, self.session, self.reserve
+        req.next_queued = self.next_queued
         if wants_timestamps(self._options):
             self._timer = ChunkTimer(self._text, self._options)
         core.submit(req)
@@ -326,6 +328,12 @@ class Engine:
     def _abort(self, rid: int) -> None:
         if self._core is not None and not self._closed:
             self._core.abort(rid)
+
+    def end_session(self, session: int) -> None:
+        """A segmented session (``stream(...).session``) starts no more streams: the room
+        admission holds for its next segments is free (engine/waiting.py). Any thread."""
+        if self._core is not None and not self._closed:
+            self._core.end_session(session)
 
     # -- requests -----------------------------------------------------------------------------
     def stream(

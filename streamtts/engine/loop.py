@@ -39,7 +39,7 @@ from ..request import PreparedRequest
 from .backbone_calls import BackboneCalls, BackboneLike, StepProfile
 from .capacity import Capacity
 from .chunk_policy import ChunkPolicy
-from .commands import Abort, Command, Stop, Submit
+from .commands import Abort, Command, EndSession, Stop, Submit
 from .decoding import DecodeJob, DecodeWorker
 from .non_finite import NonFiniteGuard
 from .prefix_cache import PrefixCache
@@ -156,6 +156,9 @@ class EngineCore:
     def abort(self, rid: int) -> None:
         self._commands.put(Abort(rid))
 
+    def end_session(self, session: int) -> None:
+        self._commands.put(EndSession(session))
+
     def stop(self) -> None:
         if not self._stopping:
             self._stopping = True
@@ -241,6 +244,8 @@ class EngineCore:
                 self.waiting.enqueue(cmd.req)
             elif isinstance(cmd, Abort):
                 self._abort(cmd.rid)
+            elif isinstance(cmd, EndSession):
+                self.waiting.end_session(cmd.session)
             else:
                 return False
 

@@ -100,6 +100,7 @@ class SegmentStream(Protocol):
     priority: bool  # set before it starts: a session's next segment (admitted first)
     session: int  # ... the pipeline it belongs to, and the streams that runs beside it
     reserve: int
+    next_queued: bool  # ... and whether its next segment is queued already
 
     def __aiter__(self) -> AsyncIterator[AudioChunk]: ...
 
@@ -124,6 +125,9 @@ class SpeechEngine(Protocol):
         prefix: ReferenceLike = ...,
         prefix_text: str | None = ...,
     ) -> SegmentStream: ...
+
+    def end_session(self, session: int) -> None:
+        """Session ``session`` (a :class:`SegmentedSpeech`'s) starts no more streams."""
 
 
 class SegmentJoiner:
@@ -278,6 +282,7 @@ class SegmentedSpeech:
                     await self._wake.wait()
         finally:
             await self._cancel_all()
+            self.engine.end_session(self.session)  # the room it held for its next segments
 
     def _voice_ready(self) -> bool:
         return self.reference is not None or self.speakers is not None
@@ -307,6 +312,7 @@ class SegmentedSpeech:
             # admission holds room for the segments this one runs beside (engine/waiting.py)
             s.session = self.session
             s.reserve = self.lookahead if self._pending or not self._ended else 0
+            s.next_queued = bool(self._pending)
             g.stats = s.stats
             async with s:
                 async for chunk in s:

@@ -1,6 +1,8 @@
 """WaitingQueue: requests waiting for a stream slot, and admission by measured capacity.
 
-A session's next segment waits ahead of new streams and is never refused for capacity. With
+A session's next segment waits ahead of new streams and is never refused for capacity; it
+starts on the room its session holds for it even when the capacity fell after the session was
+admitted (the fall refuses new streams instead). With
 ``admission: capacity`` a new stream that cannot start at once waits only while its first
 audio can still come within ``first_audio_deadline_s``; otherwise it is refused when it
 arrives (:meth:`WaitingQueue.refusal`), as soon as its expected wait runs past the deadline
@@ -19,6 +21,7 @@ prepares a request; the engine asks again when the request arrives.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -30,6 +33,8 @@ from .capacity import Capacity
 from .slot_table import SlotTable
 
 __all__ = ["WaitingQueue"]
+
+log = logging.getLogger(__name__)
 
 _REJUDGE_S = 0.05  # the waiting new streams' expected waits are judged again this often
 
@@ -49,7 +54,8 @@ class WaitingQueue:
         self._reject = reject  # ends a request that will not start, with its error
         self.requests: deque[PreparedRequest] = deque()
         self._queued_at: dict[int, float] = {}  # rid -> when it joined the queue
-        # session -> [its streams running, the streams it runs beside one (its latest request's)]
+        # session -> [its streams running, the streams it runs beside one, whether its next
+        # segment was queued] (the latter two: its latest request's)
         self._sessions: dict[int, list[int]] = {}
         self._held = 0  # the room the sessions hold beyond their streams running (kept as they change)
         self._judged_at = 0.0  # when the waiting new streams' expected waits were last judged
@@ -64,35 +70,57 @@ class WaitingQueue:
         if req.session:
             s = self._sessions.get(req.session)
             if s is None:
-                s = self._sessions[req.session] = [0, 0]
+                s = self._sessions[req.session] = [0, 0, 0]
             else:
                 self._held -= _room_held(s)
             s[0] += 1
             s[1] = req.reserve  # the last segment's says that no more are coming
+            s[2] = int(req.next_queued)
             self._held += _room_held(s)
 
     def ended(self, req: PreparedRequest) -> bool:
-        """``req``'s slot is free: a session with no stream running holds no room (one whose
-        next segment comes later, streamed text, asks again like a new one would). True when
-        that was the last stream of its session: none running, and its latest said that no
-        more are coming."""
+        """``req``'s slot is free. A session whose next segment was queued when its latest
+        started keeps its room with no stream running: between two segments, the next one
+        starts once its listener has played into the one before, and when it waited then for
+        the capacity new streams had taken, it came seconds late (:meth:`end_session` frees
+        a session cut short). One whose next segment comes later (streamed text) holds none
+        and asks again like a new one would. True when that was the last stream of its
+        session: none running, and its latest said that no more are coming."""
         s = self._sessions.get(req.session) if req.session else None
         if s is None:
             return False
         self._held -= _room_held(s)
         s[0] -= 1
-        if s[0] <= 0:
+        if s[0] <= 0 and not (s[1] and s[2]):
             del self._sessions[req.session]
             return s[1] == 0
         self._held += _room_held(s)
         return False
 
-    def _room(self, req_reserve: int | None) -> bool:
-        """By capacity, whether one more stream fits: a session's next segment (None) in the
-        streams running (its room was held for it); a new one with ``req_reserve`` more
-        beside it, in what every session holds."""
-        if req_reserve is None:
-            return self.admission.admits(self.slots.active)
+    def end_session(self, session: int) -> None:
+        """Session ``session`` starts no more streams (it ended or was cut): its room is free
+        (its streams still running count as streams until they end)."""
+        s = self._sessions.pop(session, None)
+        if s is not None:
+            self._held -= _room_held(s)
+
+    def _room(self, req: PreparedRequest) -> bool:
+        """By capacity, whether ``req`` may start: a session's next segment when its session
+        holds room for it, else if it fits in the streams running; a new stream with its
+        session's ``reserve`` more beside it, in what every session holds."""
+        if req.priority:
+            # The room was counted when the session was admitted: waiting for the capacity
+            # after it fell under the sessions admitted made their next segments wait 0.7-1.8 s
+            # (mid demo model at 2x) while their listeners ran dry.
+            return self._holds_room(req.session) or self.admission.admits(self.slots.active)
+        return self._fits(req.reserve)
+
+    def _holds_room(self, session: int) -> bool:
+        s = self._sessions.get(session) if session else None
+        return s is not None and _room_held(s) > 0
+
+    def _fits(self, req_reserve: int) -> bool:
+        """A new stream with ``req_reserve`` more beside it, in what every session holds."""
         demand = self.demand
         # an idle engine starts any session (one too slow for its two streams still serves it)
         return demand == 0 or self.admission.admits(demand + req_reserve)
@@ -126,7 +154,7 @@ class WaitingQueue:
     def _startable(self, reserve: int) -> bool:
         """Whether a new stream (its session running ``reserve`` more beside it) would start
         at once: nothing queued, a slot and capacity."""
-        return not self.requests and self.slots.free_slot() is not None and self._room(reserve)
+        return not self.requests and self.slots.free_slot() is not None and self._fits(reserve)
 
     def refusal(self, reserve: int = 0) -> OverloadedError | None:
         """By capacity: the error refusing a new stream (its session running ``reserve`` more
@@ -200,10 +228,13 @@ class WaitingQueue:
             if slot is None:
                 return
             head = self.requests[0]
-            if self.by_capacity and not self._room(None if head.priority else head.reserve):
+            if self.by_capacity and not self._room(head):
                 return
             req = self.requests.popleft()
-            self._queued_at.pop(req.rid, None)
+            queued_at = self._queued_at.pop(req.rid, None)
+            if req.priority and queued_at is not None:
+                log.debug("a session's next segment waited %.0f ms (%d running, capacity %d)",
+                          1000 * (time.monotonic() - queued_at), self.slots.active, self.admission.streams())
             if not req.sink.cancelled:
                 self.admission.admitted += 1
                 self.started(req)
@@ -225,6 +256,7 @@ class WaitingQueue:
 
 
 def _room_held(session: list[int]) -> int:
-    """The room a session ([streams running, reserve]) holds beyond its streams running."""
-    running, reserve = session
+    """The room a session ([streams running, reserve, next queued]) holds beyond its streams
+    running."""
+    running, reserve, _ = session
     return max(0, 1 + reserve - running)

@@ -246,7 +246,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     # int32_t stt_llama_last_error(char *buf, int32_t len);
     fn("stt_llama_last_error", c_int32, [c_char_p, c_int32])
     # int32_t stt_n_embd(const stt_ctx *c);   (and n_vocab, n_ctx, n_ctx_seq, n_seq_max,
-    #                                           n_batch, n_threads, has_threadpool alike)
+    #                                           n_batch, n_threads, n_threads_batch,
+    #                                           n_threads_max, has_threadpool alike)
     for getter in (
         "stt_n_embd",
         "stt_n_vocab",
@@ -255,9 +256,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         "stt_n_seq_max",
         "stt_n_batch",
         "stt_n_threads",
+        "stt_n_threads_batch",
+        "stt_n_threads_max",
         "stt_has_threadpool",
     ):
         fn(getter, c_int32, [c_void_p])
+    # int32_t stt_set_n_threads(stt_ctx *c, int32_t n_threads, int32_t n_threads_batch);
+    fn("stt_set_n_threads", c_int32, [c_void_p, c_int32, c_int32])
     # const char *stt_last_error(const stt_ctx *c);
     fn("stt_last_error", c_char_p, [c_void_p])
     # const char *stt_version(void);

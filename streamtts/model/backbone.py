@@ -167,6 +167,7 @@ class Backbone:
         self.n_seq_max: int = lib.stt_n_seq_max(h)
         self.n_batch: int = lib.stt_n_batch(h)
         self.n_threads: int = lib.stt_n_threads(h)
+        self.n_threads_max: int = lib.stt_n_threads_max(h)  # the most set_threads takes
         self._n_cols: int = int(self.n_vocab)
         self._bound: tuple[int | None, ...] | None = None
         self._bound_arrays: tuple[npt.NDArray[Any] | None, ...] = ()
@@ -260,6 +261,25 @@ class Backbone:
     def n_logit_columns(self) -> int:
         """Columns per logits_out row: the selection set by set_logit_columns, else n_vocab."""
         return self._n_cols
+
+    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
+        """The llama.cpp threads of a one-row decode and of a multi-row one (default: the
+        same), each 1 to ``n_threads_max``; in force from the next decode on."""
+        nb = n_threads if n_threads_batch is None else n_threads_batch
+        rc = self._lib.stt_set_n_threads(self._check_open("set_threads"), n_threads, nb)
+        if rc != 0:
+            raise ConfigError(f"threads must be 1 to {self.n_threads_max}, got {n_threads} and {nb}")
+
+    @property
+    def cpu_decodes(self) -> bool:
+        """Whether the layers run on the CPU (its threads do a decode's work)."""
+        return not self.placement.on_gpu
+
+    @property
+    def threads(self) -> tuple[int, int]:
+        """The threads of a one-row decode and of a multi-row one, as llama.cpp has them."""
+        h = self._check_open("threads")
+        return int(self._lib.stt_n_threads(h)), int(self._lib.stt_n_threads_batch(h))
 
     def set_tick_pool(self, pool: int | None) -> None:
         """Cut the copy of a decode's outputs across the tick's threads: a ``stt_pool *``

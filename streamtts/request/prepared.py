@@ -41,6 +41,9 @@ class PreparedRequest:
     # a new session is admitted only with room for them (engine/waiting.py)
     session: int = 0
     reserve: int = 0
+    # the session's next segment was already queued when this one started: the session keeps
+    # its room between the two (engine/waiting.py)
+    next_queued: bool = False
     chunk_frames: tuple[int, ...] = ()  # StreamOptions.chunk_frames; () = the config's
     playback_buffer_s: float = 0.0  # the client's playback buffer (0: not said)
     stats: StreamStats = field(default_factory=StreamStats)

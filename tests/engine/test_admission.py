@@ -190,3 +190,63 @@ def test_an_idle_engine_starts_a_session_it_has_no_room_to_run_ahead_for(demo_mo
             return await _drain(s)
 
     assert asyncio.run(main()) == 5
+
+
+def test_a_sessions_next_segment_takes_the_room_its_session_holds_though_capacity_fell(demo_model_dir: Path) -> None:
+    async def main() -> tuple[int, int]:
+        async with capacity_engine(demo_model_dir, deadline_s=0.01) as e:  # capacity 1
+            for i in range(3):  # streams that end: the finish rate is measured
+                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+            assert e.admission_info()["capacity_streams"] == 1
+            # an idle engine starts a session of two segments: its room for the next is held
+            # though the capacity is under it (as when the capacity falls after admission)
+            first = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
+            first.session, first.reserve = 43, 1
+            await anext(aiter(first))
+            nxt = e.stream("Next segment.", options=StreamOptions(seed=9, fixed_frames=6))
+            nxt.priority, nxt.session, nxt.reserve = True, 43, 0
+            # it starts beside the first (waiting for the capacity, it would wait for the first
+            # to end, while a listener plays the first's last audio)
+            async with asyncio.timeout(120):  # a guard against a hang, not a margin
+                frames = await _drain(nxt)
+            running = e.active_streams
+            # the room it took is gone: a new stream is refused
+            with pytest.raises(OverloadedError):
+                await anext(aiter(e.stream("Refused.", options=StreamOptions(seed=10))))
+            await first.aclose()
+            return frames, running
+
+    assert asyncio.run(main()) == (6, 1)
+
+
+@pytest.mark.parametrize("next_queued", [True, False])
+def test_a_session_between_two_segments_keeps_its_room_until_it_ends(demo_model_dir: Path, next_queued: bool) -> None:
+    """Between two segments of a text known in full, a session runs no stream (its next starts
+    as its listener plays into the one before): its room stays its own, until
+    ``end_session``. A session of streamed text (next segment not queued) holds none."""
+
+    async def main() -> None:
+        async with Engine.from_config(
+            demo_model_dir / "config.yaml", n_threads=1, max_streams=2, admission="capacity",
+            realtime_margin=0.0, first_audio_deadline_s=0.01,
+        ) as e:  # fmt: skip
+            for i in range(3):  # streams that end: the finish rate is measured
+                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+            assert e.admission_info()["capacity_streams"] == 2
+            first = e.stream("First segment.", options=StreamOptions(seed=7, fixed_frames=4))
+            first.session, first.reserve, first.next_queued = 44, 1, next_queued
+            assert await _drain(first) == 4
+            await wait_until(lambda: e.active_streams == 0)
+            lone = e.stream("A new stream.", options=StreamOptions(seed=8, fixed_frames=4))
+            if not next_queued:
+                assert await _drain(lone) == 4  # no room held: it starts
+                return
+            with pytest.raises(OverloadedError):  # the session's 2 of 2 are held
+                await anext(aiter(lone))
+            assert e._core is not None and e._core.waiting.demand == 2
+            e.end_session(44)  # a command to the engine thread: applied when it comes
+            await wait_until(lambda: e._core is not None and e._core.waiting.demand == 0)
+            fits = e.stream("Fits now.", options=StreamOptions(seed=9, fixed_frames=4))
+            assert await _drain(fits) == 4
+
+    asyncio.run(main())

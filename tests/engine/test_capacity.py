@@ -156,4 +156,25 @@ def test_streams_a_tick_skips_count_as_kept_in_time_if_stepping_them_would_be() 
         for _ in range(41):
             cpu.tick_started(2, t, running=4)
             t += 0.025
-    assert cpu.limit == 4.0 and cpu.windows_behind == 0  # 2 -> 4 (2 stepped), then no more
+    # 2 -> 2.5 -> 3 -> 3.5: doubling to 4 would take 100 ms ticks; a third stream fits (50 ms)
+    assert cpu.limit == 3.5 and cpu.windows_behind == 0
+
+
+def test_the_slow_start_doubles_only_as_far_as_the_ticks_would_stay_in_time() -> None:
+    """The mid demo model on 2 cores: about 13 ms a stream. A second in time at 4 streams
+    (52 ms ticks) doubled the limit to 8, and the fifth stream admitted made every tick late."""
+    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    for _ in range(20):
+        c.observe(1, 0.013)
+        c.observe(4, 0.052)
+    c.limit = 4.0  # the slow start got here
+    c.window(4.0, 0.052)  # 8 streams: 52 + 52 ms; 5: 65 ms x 1.25 > 80 ms; half a stream more
+    assert c.limit == 4.5 and c.slow_start and c.streams() == 4
+    c.window(4.0, 0.052)  # and no more: a fifth would not keep the ticks in time
+    assert c.limit == 4.5 and c.windows_behind == 0
+    c.window(4.0, 0.030)  # faster ticks (a neighbour's load gone): 30 + 13 ms fits a fifth
+    assert c.limit == 5.0
+    c.window(2.0, 0.010)  # but doubling, when the ticks say so, in the slow start still
+    assert c.limit == 5.0  # (2 streams well below the limit: no evidence)
+    c.window(5.0, 0.020)  # 20 ms at 5: 10 streams would take 85 ms; 5 more do not fit, 0.5 does
+    assert c.limit == 5.5

@@ -80,11 +80,15 @@ class FakeEngine:
         self.streams: list[FakeStream] = []
         self.running = 0
         self.max_running = 0
+        self.ended_sessions: list[int] = []
 
     def stream(self, text: str, *, reference: Any = None, options: StreamOptions | None = None) -> FakeStream:
         s = FakeStream(self, text, reference, options or StreamOptions())
         self.streams.append(s)
         return s
+
+    def end_session(self, session: int) -> None:
+        self.ended_sessions.append(session)
 
 
 async def collect(sp: SegmentedSpeech) -> list[Any]:
@@ -369,8 +373,10 @@ def test_each_segment_tells_admission_its_session_and_what_runs_beside_it() -> N
 
     sa, sb = run(main())
     assert sa != sb and sa > 0 and sb > 0
-    got = [(s.text, s.session, s.reserve, s.priority) for s in eng.streams]
+    got = [(s.text, s.session, s.reserve, s.priority, s.next_queued) for s in eng.streams]
     # the next segments are room held by the first; the last one says no more are coming
     assert got == [
-        ("3 a", sa, 1, False), ("3 b", sa, 1, True), ("3 c", sa, 0, True), ("3 alone", sb, 0, False),
-    ]
+        ("3 a", sa, 1, False, True), ("3 b", sa, 1, True, True), ("3 c", sa, 0, True, False),
+        ("3 alone", sb, 0, False, False),
+    ]  # fmt: skip
+    assert eng.ended_sessions == [sa, sb]  # each pipeline, when its events end, frees its room

@@ -606,6 +606,32 @@ def test_thread_pool_settings_give_the_same_results(
     np.testing.assert_allclose(prefill(b, 0, prompt), prefill(ref, 0, prompt), atol=1e-5)
 
 
+@pytest.mark.parametrize("poll", [None, 0])
+def test_threads_change_between_decodes_and_give_the_same_bits(make_backbone: Any, poll: int | None) -> None:
+    """The engine chooses each decode's thread count from measured decodes
+    (engine/thread_tuner.py), so a stream's output must not depend on it: ggml computes each
+    output element on one thread, whatever the count (the work is cut by rows and blocks,
+    never a sum), so the bits are the same by construction, on any CPU kernels."""
+    ref = make_backbone(thread_poll=poll, n_threads=1)
+    b = make_backbone(thread_poll=poll, n_threads=3)
+    assert b.n_threads_max == 3 and b.threads == (3, 3) and b.cpu_decodes
+    prompt, steps = rows(20, 80), rows(6, 81)
+    want = np.concatenate([prefill(ref, 0, prompt)] + [prefill(ref, 0, steps[i : i + 1], start=20 + i) for i in range(6)])
+    got = [prefill(b, 0, prompt)]
+    for i, (one, many) in enumerate([(1, 2), (2, 1), (3, 3), (1, 1), (2, 3), (3, 1)]):
+        b.set_threads(one, many)
+        assert b.threads == (one, many)
+        got.append(prefill(b, 0, steps[i : i + 1], start=20 + i))
+    np.testing.assert_array_equal(np.concatenate(got), want)
+    b.seq_rm(0)
+    b.set_threads(2)  # a multi-row decode on 2 of 3
+    np.testing.assert_array_equal(prefill(b, 0, prompt), want[:20])
+    for bad in [(0, 1), (1, 0), (4, 1), (1, 4)]:
+        with pytest.raises(ConfigError, match="threads must be 1 to 3"):
+            b.set_threads(*bad)
+    assert b.threads == (2, 2)  # unchanged by a refused call
+
+
 def test_decode_bound_out_offset_and_output_capacity(make_backbone: Any) -> None:
     """The engine's layout: many input rows, few output rows, outputs placed at an offset."""
     b = make_backbone(n_seq_max=2)
