@@ -164,6 +164,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
                 row["ttfa_p95_over_unloaded"] = round(row["ttfa_ms_p95"] / unloaded, 2)
             row["rss_mb_before"], row["rss_mb_after"] = before, rss_mb()
             row["capacity_streams_after"] = engine.admission_info().get("capacity_streams")
+            row["threads_chosen"] = engine.threads_chosen()  # rows -> llama.cpp threads
             out["levels"].append(row)
             print(json.dumps(row), flush=True)
             await asyncio.sleep(a.pause)

@@ -66,8 +66,6 @@ _BACKOFF = 0.75  # a window behind: the limit falls to this share of the streams
 _RECOVER = 0.5  # a window in time: the limit rises by this many streams
 _START = 2.0  # the limit of a fresh engine (slow start) ...
 _START_GROWTH = 2.0  # ... times this a window in time, until a window falls behind
-_PACE_ALPHA = 0.25  # weight of a new window in its count's running average of ticks start to start
-_PACE_TRUSTED = 5  # windows after which a count's pace weighs fully in the pace's line
 
 
 class Capacity:
@@ -86,10 +84,6 @@ class Capacity:
         self._clock = clock
         self.tick_s = np.zeros(max_streams + 1)  # running average per count of streams stepped
         self.seen = np.zeros(max_streams + 1, dtype=np.int64)  # ticks observed per count
-        # the windows' ticks start to start, per count of streams stepped (rounded): what a
-        # stream more costs with the codec's and the event loop's share of the cores in it
-        self.pace_s = np.zeros(max_streams + 1)
-        self.pace_seen = np.zeros(max_streams + 1, dtype=np.int64)
         self._finishes: deque[float] = deque(maxlen=_FINISHES)
         self._capacity: int | None = None  # cached; None: recompute
         self.limit = min(float(max_streams), _START)  # from the windows' pace (see above)
@@ -163,7 +157,6 @@ class Capacity:
         ``step_slack_s`` of audio in hand; and those paused far ahead of their listeners); at
         some moment of it ``ahead`` streams were running, every one paused ahead of its
         listener."""
-        self._pace(streams, tick_s)
         # Counting only the streams stepped, a server taking a new stream every second or so
         # stepped 1.4 streams a tick on average beside 4 running, and the limit never rose:
         # 4 streams on the tiny demo model, 8 on an H200 with the 8B model (ticks of 2 and 12
@@ -204,45 +197,18 @@ class Capacity:
 
     def _would_fit(self, stepped: float, running: float, tick_s: float) -> bool:
         """Whether ticks of ``tick_s`` stepping ``stepped`` streams would stay in time
-        stepping ``running``: the cost of the streams added taken from the estimate's
-        difference between the two counts, or the windows' pace per stream when more."""
+        stepping ``running``: the estimate's difference between the two counts added."""
         lo, hi = max(1, round(stepped)), min(self.max_streams, math.ceil(running))
         a, b = self.estimate(lo), self.estimate(hi)
         if a is None or b is None:
             return False
-        # A tick's own time leaves out the codec's turn and the event loop on shared cores:
-        # on 2 cores with the mid demo model a stream more cost 10 ms of a tick by the
-        # estimate and twice that start to start, and the limit rose past what kept time.
-        added = max(0.0, b - a, self._pace_slope() * (hi - lo))
-        return (tick_s + added) * (1.0 + self.margin) <= self.frame_s
-
-    def _pace(self, streams: float, tick_s: float) -> None:
-        """A window's ticks start to start, into its count's running average."""
-        n = round(streams)
-        if not 1 <= n <= self.max_streams:
-            return
-        if self.pace_seen[n] == 0:
-            self.pace_s[n] = tick_s
-        else:
-            self.pace_s[n] += _PACE_ALPHA * (tick_s - self.pace_s[n])
-        self.pace_seen[n] += 1
-
-    def _pace_slope(self) -> float:
-        """Seconds start to start a stream more adds, by a line through the windows' counts
-        (0 until two counts were seen)."""
-        seen = np.flatnonzero(self.pace_seen)
-        if seen.size < 2:
-            return 0.0
-        w = np.minimum(self.pace_seen[seen], _PACE_TRUSTED).astype(np.float64)
-        return _slope(seen.astype(np.float64), self.pace_s[seen], w)
+        return (tick_s + max(0.0, b - a)) * (1.0 + self.margin) <= self.frame_s
 
     def forget_ticks(self) -> None:
         """Drop the tick times (after a warm-up: its ticks paid one-off costs); the limit
         starts again from the slow start."""
         self.tick_s[:] = 0.0
         self.seen[:] = 0
-        self.pace_s[:] = 0.0
-        self.pace_seen[:] = 0
         self._capacity = None
         self.limit = min(float(self.max_streams), _START)
         self.slow_start = True
@@ -266,7 +232,8 @@ class Capacity:
         w = np.minimum(self.seen[seen], _TRUSTED).astype(np.float64)
         x, y = seen.astype(np.float64), self.tick_s[seen]
         xm, ym = np.average(x, weights=w), np.average(y, weights=w)
-        return max(0.0, float(ym + _slope(x, y, w) * (streams - xm)))
+        slope = max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2)))
+        return max(0.0, float(ym + slope * (streams - xm)))
 
     def streams(self) -> int:
         """The capacity: the most streams that stay ahead of real time by the margin."""
@@ -328,9 +295,3 @@ class Capacity:
             "queued": self.queued,
             "refused": self.refused + self.refused_early,
         }
-
-
-def _slope(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
-    """The weighted least-squares slope of y over x (at least 0: a stream more never saves)."""
-    xm, ym = np.average(x, weights=w), np.average(y, weights=w)
-    return max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / np.sum(w * (x - xm) ** 2)))

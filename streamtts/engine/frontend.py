@@ -448,6 +448,14 @@ class Engine:
         info["lag_max_s"] = max(0.0, time.monotonic() - float(live.min())) if live.size else 0.0
         return info
 
+    def threads_chosen(self) -> dict[int, int]:
+        """llama.cpp's threads per decode, by the fewest rows of each group probed so far
+        (engine/thread_tuner.py); empty when a thread count was given or the layers are on
+        a GPU."""
+        core = self._core
+        tuner = None if core is None else core.calls.tuner
+        return {} if tuner is None else tuner.chosen()
+
     def prefix_cache_info(self) -> dict[str, int]:
         """Entries, bytes, hits and misses of the prompt-prefix cache (see prefix_cache.py)."""
         return {} if self._core is None else self._core.prefix_cache.info()

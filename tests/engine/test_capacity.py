@@ -178,20 +178,3 @@ def test_the_slow_start_doubles_only_as_far_as_the_ticks_would_stay_in_time() ->
     assert c.limit == 5.0  # (2 streams well below the limit: no evidence)
     c.window(5.0, 0.020)  # 20 ms at 5: 10 streams would take 85 ms; 5 more do not fit, 0.5 does
     assert c.limit == 5.5
-
-
-def test_a_stream_more_costs_what_the_windows_pace_says_when_more_than_the_estimate() -> None:
-    """A tick's own time leaves out the codec's turn and the event loop on shared cores: the
-    estimate says 10 ms a stream, the windows' ticks start to start 20 ms. A fourth stream
-    (50 + 10 ms by the estimate: in time) would not keep time (50 + 20 ms, x 1.25 > 80 ms)."""
-    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
-    for _ in range(20):
-        c.observe(1, 0.010)
-        c.observe(4, 0.040)
-    c.limit, c.slow_start = 3.0, False
-    c.window(2.0, 0.030)  # one count's pace: no slope yet; a third stream fits by the estimate
-    assert c.limit == 3.5
-    c.window(3.0, 0.050)  # 30 ms at 2, 50 ms at 3: 20 ms a stream
-    assert c.limit == 3.5 and c.streams() == 3
-    c.forget_ticks()
-    assert c.pace_seen.sum() == 0

@@ -29,12 +29,14 @@ def test_automatic_threads_are_chosen_per_decode_and_the_audio_is_the_same(
     async def main() -> tuple[np.ndarray, np.ndarray, dict[int, int]]:
         async with Engine.from_config(demo_model_dir / "config.yaml", n_threads=1, max_streams=2) as fixed:
             assert fixed._core is not None and fixed._core.calls.tuner is None  # a count given: kept
+            assert fixed.threads_chosen() == {}
             want = await codes_of(fixed)
         async with Engine.from_config(demo_model_dir / "config.yaml", n_threads=0, max_streams=2) as auto:
             assert auto._core is not None
             tuner = auto._core.calls.tuner
             assert tuner is not None and tuner.candidates == (1, 2)
             got = await codes_of(auto)
+            assert auto.threads_chosen() == tuner.chosen()
             return want, got, tuner.chosen()
 
     want, got, chosen = asyncio.run(main())
