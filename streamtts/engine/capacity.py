@@ -22,10 +22,11 @@ low (two streams) and doubles with each window in time until a first window fall
 as TCP's slow start does: a fresh server admitted up to the estimate at once, and the
 streams admitted before the first slow window lowered the limit stuttered together
 (measured: C100 92 % at twice the load on the tiny demo model); doubling still reaches 64
-in five seconds. Either step is taken only as far as the window's ticks, plus the estimate's
-cost of the streams added, would stay in time (else half a stream, else none). (Timing ticks start to start for the estimate itself was
-tried: once the estimate fell, everything beyond it was refused, no tick at a higher count
-was seen again, and it never rose.)
+in five seconds. Either step is taken only as far as the window's ticks, plus the
+estimate's cost of the streams added, would stay in time (else half a stream, else none).
+(Timing ticks start to start for the estimate itself was tried: once the estimate fell,
+everything beyond it was refused, no tick at a higher count was seen again, and it never
+rose.)
 
 ``streams()``, the capacity, is the most streams whose estimated tick plus ``margin`` of
 it still fits in a frame, and no more than that limit (at least one: a machine too slow

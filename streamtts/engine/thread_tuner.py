@@ -1,13 +1,13 @@
 """ThreadTuner: how many llama.cpp threads a decode of so many rows uses, chosen from the
 engine's own measured decodes.
 
-llama.cpp's CPU workers meet at a barrier after every operation of the graph. A one-row
-decode of a small model is hundreds of short operations: on 2 cores shared with the codec's
-thread and the server's event loop, every barrier waited for a descheduled worker, and a
-one-row tick took 2-3 ms with two threads against 0.6-0.9 ms with one (the tiny demo model
-at twice its load; a new stream's first audio waits for 31 such ticks). A large model's
-decode is bound by memory or arithmetic and wants every core. Which count is faster depends
-on the model, the rows, the machine and what else runs on it, so it is measured, not set:
+llama.cpp's CPU workers meet at a barrier after every operation of the graph, so a worker
+whose core another thread took holds every barrier up: under twice its load on 2 cores, the
+mid demo model's one-row decodes were faster on one thread (11 against 14 ms in a probe),
+and with a busy neighbour arriving after the engine loaded they moved to one thread. A
+large model's decode is bound by memory or arithmetic and wants every
+core. Which count is faster depends on the model, the rows, the machine and what else runs
+on it, so it is measured, not set (docs/perf.md has what it chose and changed):
 
 - decodes are put in buckets by their rows (1, 2-3, 4-7, ...: powers of two);
 - each bucket uses one count, starting at the most threads the engine has (``n_threads``);

@@ -250,3 +250,36 @@ def test_a_session_between_two_segments_keeps_its_room_until_it_ends(demo_model_
             assert await _drain(fits) == 4
 
     asyncio.run(main())
+
+
+def test_the_room_sessions_hold_counts_towards_raising_the_limit(demo_model_dir: Path) -> None:
+    """A session between two segments holds room and runs nothing: windows in time beside it
+    are evidence for the streams admission counts (its room included), or the limit, which
+    must near it to rise, stayed where the held room kept the streams running below it."""
+
+    async def main() -> None:
+        async with Engine.from_config(
+            demo_model_dir / "config.yaml", n_threads=1, max_streams=16, admission="capacity",
+            realtime_margin=0.0, first_audio_deadline_s=0.01,
+        ) as e:  # fmt: skip
+            assert e._core is not None
+            cap = e._core.admission
+            for i in range(3):
+                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+            cap.limit, cap.slow_start = 5.0, True  # a slow start that got to 5
+            # two sessions between segments: each holds room for 2 (its next and the one after)
+            for sid in (45, 46):
+                s = e.stream("A segment.", options=StreamOptions(seed=sid, fixed_frames=4))
+                s.session, s.reserve, s.next_queued = sid, 1, True
+                assert await _drain(s) == 4
+            # one stream read as fast as it comes: windows of ticks stepping 1 beside 4 held
+            long = e.stream("Long.", options=StreamOptions(seed=9, fixed_frames=100_000))
+            it = aiter(long)
+            async with asyncio.timeout(120):  # a guard against a hang, not a margin
+                while cap.limit < 8:
+                    await anext(it)
+            await long.aclose()
+            e.end_session(45)
+            e.end_session(46)
+
+    asyncio.run(main())
