@@ -7,6 +7,8 @@ capacity is one stream on any machine (a machine too slow for one still serves o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,19 @@ def capacity_engine(demo_model_dir: Path, deadline_s: float, warmup: bool = True
         demo_model_dir / "config.yaml", n_threads=1, max_streams=4, admission="capacity",
         realtime_margin=1000.0, first_audio_deadline_s=deadline_s, warmup=warmup,
     )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def measured_engine(demo_model_dir: Path, max_streams: int, margin: float = 0.0) -> AsyncIterator[Engine]:
+    """Admission by capacity (margin 0: the demo model steps a few streams in a few ms of a
+    frame's 80; 1000: one stream), after three streams that end (the finish rate measured)."""
+    async with Engine.from_config(
+        demo_model_dir / "config.yaml", n_threads=1, max_streams=max_streams, admission="capacity",
+        realtime_margin=margin, first_audio_deadline_s=0.01,
+    ) as e:  # fmt: skip
+        for i in range(3):
+            await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+        yield e
 
 
 async def wait_until(cond: object) -> None:
@@ -150,13 +165,7 @@ def test_a_sessions_next_segment_starts_before_a_new_stream(demo_model_dir: Path
 
 def test_a_new_session_needs_room_for_the_segments_it_runs_ahead(demo_model_dir: Path) -> None:
     async def main() -> None:
-        # capacity 2: the hard cap (the demo model steps 2 streams in a few ms of a frame's 80)
-        async with Engine.from_config(
-            demo_model_dir / "config.yaml", n_threads=1, max_streams=2, admission="capacity",
-            realtime_margin=0.0, first_audio_deadline_s=0.01,
-        ) as e:  # fmt: skip
-            for i in range(3):  # streams that end: the finish rate is measured
-                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+        async with measured_engine(demo_model_dir, max_streams=2) as e:  # capacity 2: the hard cap
             assert e.admission_info()["capacity_streams"] == 2
             # a session of several segments: its first runs, its next will run beside it
             first = e.stream("Held.", options=StreamOptions(seed=7, fixed_frames=100_000))
@@ -181,9 +190,7 @@ def test_a_new_session_needs_room_for_the_segments_it_runs_ahead(demo_model_dir:
 
 def test_an_idle_engine_starts_a_session_it_has_no_room_to_run_ahead_for(demo_model_dir: Path) -> None:
     async def main() -> int:
-        async with capacity_engine(demo_model_dir, deadline_s=0.01) as e:  # capacity 1
-            for i in range(3):  # streams that end: the finish rate is measured
-                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+        async with measured_engine(demo_model_dir, max_streams=4, margin=1000.0) as e:  # capacity 1
             assert e.admission_info()["capacity_streams"] == 1
             s = e.stream("A session of several segments.", options=StreamOptions(seed=5, fixed_frames=5))
             s.session, s.reserve = 42, 1
@@ -194,9 +201,7 @@ def test_an_idle_engine_starts_a_session_it_has_no_room_to_run_ahead_for(demo_mo
 
 def test_a_sessions_next_segment_takes_the_room_its_session_holds_though_capacity_fell(demo_model_dir: Path) -> None:
     async def main() -> tuple[int, int]:
-        async with capacity_engine(demo_model_dir, deadline_s=0.01) as e:  # capacity 1
-            for i in range(3):  # streams that end: the finish rate is measured
-                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+        async with measured_engine(demo_model_dir, max_streams=4, margin=1000.0) as e:  # capacity 1
             assert e.admission_info()["capacity_streams"] == 1
             # an idle engine starts a session of two segments: its room for the next is held
             # though the capacity is under it (as when the capacity falls after admission)
@@ -226,12 +231,7 @@ def test_a_session_between_two_segments_keeps_its_room_until_it_ends(demo_model_
     ``end_session``. A session of streamed text (next segment not queued) holds none."""
 
     async def main() -> None:
-        async with Engine.from_config(
-            demo_model_dir / "config.yaml", n_threads=1, max_streams=2, admission="capacity",
-            realtime_margin=0.0, first_audio_deadline_s=0.01,
-        ) as e:  # fmt: skip
-            for i in range(3):  # streams that end: the finish rate is measured
-                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+        async with measured_engine(demo_model_dir, max_streams=2) as e:
             assert e.admission_info()["capacity_streams"] == 2
             first = e.stream("First segment.", options=StreamOptions(seed=7, fixed_frames=4))
             first.session, first.reserve, first.next_queued = 44, 1, next_queued
@@ -258,14 +258,9 @@ def test_the_room_sessions_hold_counts_towards_raising_the_limit(demo_model_dir:
     must near it to rise, stayed where the held room kept the streams running below it."""
 
     async def main() -> None:
-        async with Engine.from_config(
-            demo_model_dir / "config.yaml", n_threads=1, max_streams=16, admission="capacity",
-            realtime_margin=0.0, first_audio_deadline_s=0.01,
-        ) as e:  # fmt: skip
+        async with measured_engine(demo_model_dir, max_streams=16) as e:
             assert e._core is not None
             cap = e._core.admission
-            for i in range(3):
-                await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
             cap.limit, cap.slow_start = 5.0, True  # a slow start that got to 5
             # two sessions between segments: each holds room for 2 (its next and the one after)
             for sid in (45, 46):
