@@ -149,6 +149,7 @@ class BackboneCalls:
         # automatic threads on the CPU: each decode's count chosen from measured decodes
         self.tuner: ThreadTuner | None = None
         self._threaded: ThreadedBackbone | None = None
+        self._threads = 0  # the count the backbone decodes on now (with a tuner)
         if cfg.n_threads == 0 and isinstance(backbone, ThreadedBackbone) and backbone.cpu_decodes:
             tuner = ThreadTuner(backbone.n_threads_max)
             if tuner.active:

@@ -217,7 +217,8 @@ class EngineCore:
         # the room sessions hold between their segments counts as streams running: admission
         # counts it, and counting only the streams running, a tiny-model server whose
         # sessions held 4 had 1-2 running and its limit never rose past 4
-        self.admission.tick_started(int(plan.decode.size), t0, max(self.scheduler.running(), self.waiting.demand))
+        running = max(self.scheduler.running(), self.waiting.demand)
+        self.admission.tick_started(int(plan.decode.size), t0, running)
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
             self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)

@@ -232,7 +232,7 @@ class WaitingQueue:
                 return
             req = self.requests.popleft()
             queued_at = self._queued_at.pop(req.rid, None)
-            if req.priority and queued_at is not None:
+            if req.priority and queued_at is not None and log.isEnabledFor(logging.DEBUG):
                 log.debug("a session's next segment waited %.0f ms (%d running, capacity %d)",
                           1000 * (time.monotonic() - queued_at), self.slots.active, self.admission.streams())
             if not req.sink.cancelled:
