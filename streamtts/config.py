@@ -167,7 +167,9 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # `streamtts serve` runs): also only while every stream, the new one included, stays
     # ahead of real time by realtime_margin, by the engine's own tick times (engine/capacity.py)
     admission: str = "slots"
-    realtime_margin: float = 0.25  # a tick must fit in a frame (80 ms) with this share to spare
+    # a tick must fit in a frame (80 ms) times the share of steps that complete one, with
+    # this share to spare
+    realtime_margin: float = 0.25
     # "capacity": a new stream waits at most this long for a slot; refused at once when the
     # measured rate at which streams finish says it would wait longer
     first_audio_deadline_s: float = 3.0

@@ -282,10 +282,12 @@ class BackboneCalls:
             log.exception("prefill failed")
             self._fail([slot], "prompt prefill failed", exc)
             return False
-        self.profile.prefill += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.profile.prefill += dt
         self.profile.prefill_rows += n
         s.fed += n
         s.req.stats.prefill_ticks += 1
+        s.req.stats.prefill_s += dt
         self.slots.kv_pos[slot] += n
         if s.fed == s.req.prompt.shape[0]:
             s.running = True
@@ -296,12 +298,14 @@ class BackboneCalls:
     def _load_prefix(self, slot: int, state: np.ndarray) -> None:
         s = self.slots.streams[slot]
         assert s is not None
+        t0 = time.perf_counter()
         try:
             self.backbone.load_seq_state(slot, state)
         except Exception as exc:
             log.exception("loading a cached prompt prefix failed")
             self._fail([slot], "loading the cached prompt prefix failed", exc)
             return
+        s.req.stats.prefill_s += time.perf_counter() - t0
         s.fed = s.req.prefix_rows
         self.slots.kv_pos[slot] = s.fed
         s.req.stats.prefix_cached_rows = s.fed
@@ -309,6 +313,7 @@ class BackboneCalls:
     def _store_prefix(self, slot: int) -> None:
         s = self.slots.streams[slot]
         assert s is not None
+        t0 = time.perf_counter()
         try:
             state = self.backbone.seq_state(slot)
         except Exception:  # the stream itself is fine; only the cache entry is lost
@@ -316,3 +321,4 @@ class BackboneCalls:
             self.prefix_cache.release(slot)
             return
         self.prefix_cache.store(s.req.prefix_key, slot, state, session=s.req.prefix_session)
+        s.req.stats.prefill_s += time.perf_counter() - t0

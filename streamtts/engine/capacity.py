@@ -1,11 +1,20 @@
 """Admission by measured capacity: how many streams the engine steps in real time.
 
-A tick steps every running stream one frame (80 ms of audio), so the streams stay ahead
-of real-time listeners while a tick takes less than a frame. The engine times its own
+A tick steps every running stream once, and a step completes a frame (80 ms of audio)
+except a segment's first 32 or so (MOSS-TTS-Delay's 32 codebooks are one step apart), so
+the streams stay ahead of real-time listeners while a tick takes less than a frame times
+the share of steps that complete one (``share``: over the steps of the streams that ended
+lately, about the last 2000; about 0.58 for sentences of 3.5 s, near 1 for long text).
+Counting a frame a step, the mid demo model on 2 cores admitted 4-5 streams of sentences
+whose sessions then kept only about 2 s ahead of their listeners, and a new stream's first
+audio took 3.1 times its unloaded time (p95). Feeding a prompt stalls every stream, so a
+tick of ``n`` streams also costs ``n`` times the prompt seconds per step of the streams
+that ended lately (``prompt_s``). The engine times its own
 ticks (``observe``: the streams a tick stepped and its wall time, codec turns included)
-and keeps a running average per count of streams; counts not seen yet are read off a
-straight line through the counts seen (one count seen: in proportion to it, the
-pessimistic guess, which the next admitted stream then measures). Nothing is set per
+and keeps a running average per count of streams; counts not seen yet, or not stepped
+for a minute (``_STALE_S``), are read off a straight line through the counts seen lately
+(one count seen: in proportion to it, the pessimistic guess, which the next admitted
+stream then measures). Nothing is set per
 machine or model.
 
 A tick's own time does not count what the machine did between ticks: on 2 cores the
@@ -13,7 +22,9 @@ server's event loop and the codec's thread take the GIL and the cores from the e
 thread, and under load whole seconds passed at a tenth of the usual tick rate while the
 estimate (each tick clipped to twice the average) hardly moved. So the engine also judges
 its pace over windows of about a second of ticks (``tick_started``: ticks timed start to
-start, all of that counted but the loop's own waits). A window whose ticks came slower than
+start, all of that counted but the loop's own waits and the time spent feeding prompts,
+which ``prompt_s`` counts instead: one session's voice prefix, 550 ms once, put its window
+behind and the limit fell to one stream). A window whose ticks came slower than
 the margin allows lowers a limit on the capacity to three quarters of the streams it
 stepped; each window in time with about as many streams as the limit raises it by half a
 stream (streams running that a tick skipped, being far enough ahead, count too when
@@ -28,8 +39,8 @@ estimate's cost of the streams added, would stay in time (else half a stream, el
 everything beyond it was refused, no tick at a higher count was seen again, and it never
 rose.)
 
-``streams()``, the capacity, is the most streams whose estimated tick plus ``margin`` of
-it still fits in a frame, and no more than that limit (at least one: a machine too slow
+``streams()``, the capacity, is the most streams whose estimated tick, with their prompts'
+share, plus ``margin`` of it still fits in that budget, and no more than that limit (at least one: a machine too slow
 for one stream in real time serves one). A new stream is admitted only below it and below ``max_streams``, the hard
 cap. One that cannot be admitted may wait only while its first audio can still come
 within ``deadline_s``; the wait is estimated from the measured rate at which streams
@@ -67,9 +78,17 @@ _BACKOFF = 0.75  # a window behind: the limit falls to this share of the streams
 _RECOVER = 0.5  # a window in time: the limit rises by this many streams
 _START = 2.0  # the limit of a fresh engine (slow start) ...
 _START_GROWTH = 2.0  # ... times this a window in time, until a window falls behind
+_SHARE_ROWS = 2000.0  # the share of steps that complete a frame: over the last streams' steps
+_SHARE_PRIOR = 64.0  # ... starting as this many that each did (the budget of a frame a step)
+_SHARE_MIN = 0.1
+_STALE_S = 60.0  # a count of streams not stepped for this long is read off the line instead
 
 
 class Capacity:
+    _rows: float
+    _frames: float
+    _prompt_s: float
+
     def __init__(
         self,
         max_streams: int,
@@ -85,9 +104,12 @@ class Capacity:
         self._clock = clock
         self.tick_s = np.zeros(max_streams + 1)  # running average per count of streams stepped
         self.seen = np.zeros(max_streams + 1, dtype=np.int64)  # ticks observed per count
+        self.last_seen = np.full(max_streams + 1, -np.inf)  # when each count was last observed
         self._finishes: deque[float] = deque(maxlen=_FINISHES)
         self._capacity: int | None = None  # cached; None: recompute
         self.limit = min(float(max_streams), _START)  # from the windows' pace (see above)
+        self._forget_made()
+        self._tick_prompts = 0.0  # of the tick under way, seconds feeding prompts
         self.slow_start = True  # no window has fallen behind yet
         self.windows_behind = 0  # windows whose ticks came slower than the margin allows
         # the open window: [ticks, streams stepped, seconds of ticks start to start, the most
@@ -117,7 +139,68 @@ class Capacity:
             # a stall of the machine is not the engine's cost, a lasting slowdown still shows
             self.tick_s[streams] += _ALPHA * (min(max(tick_s, avg / 2), 2 * avg) - avg)
         self.seen[streams] += 1
+        self.last_seen[streams] = self._clock()
         self._capacity = None
+
+    def made(self, steps: int, frames: int, prompt_s: float = 0.0) -> None:
+        """A stream ended, having taken ``steps`` steps that completed ``frames`` frames,
+        its prompt fed in ``prompt_s`` seconds.
+
+        Counted per stream over its life, not per tick: a tick steps the streams that need
+        frames most (while a new stream makes its first frame, the ones well ahead of their
+        listeners skip; those far ahead pause), so the ticks' rows are mostly segments'
+        first steps. Counted so, the share came out far under the streams' own, and the tiny
+        demo model's capacity fell to 2-3 streams at twice its load, where 9 had kept time."""
+        if steps <= 0:
+            return
+        keep = math.exp(-steps / _SHARE_ROWS)
+        self._rows = self._rows * keep + steps
+        self._frames = self._frames * keep + min(frames, steps)
+        self._prompt_s = self._prompt_s * keep + max(0.0, prompt_s)
+        self._capacity = None
+
+    def fed_prompts(self, seconds: float) -> None:
+        """The tick under way spent ``seconds`` feeding prompts: a window does not count them
+        (``prompt_s`` spreads what prompts cost over the steps)."""
+        self._tick_prompts += seconds
+
+    @property
+    def prompt_s(self) -> float:
+        """Seconds spent feeding prompts per stream-step, lately (a stream's prompt is fed
+        once; every stream waits meanwhile, so a tick of ``n`` streams costs ``n`` times it
+        on top of its own time). A one-off prompt of 550 ms (a session's own voice, fed
+        once, cached after) in a window of a second put that window behind, and the limit
+        fell to one stream; spread over the steps, it costs what it does on average."""
+        return self._prompt_s / self._rows
+
+    def cost_s(self, tick_s: float, streams: float) -> float:
+        """What a tick of ``streams`` streams taking ``tick_s`` costs with the prompts' share."""
+        return tick_s + streams * self.prompt_s
+
+    @property
+    def share(self) -> float:
+        """The share of stream-steps that complete a frame, lately. A segment of ``f`` frames
+        takes about ``f + 32`` steps (MOSS-TTS-Delay's 32 codebooks are one step apart), so
+        sentences of 3.5 s complete a frame in 58 % of their steps."""
+        return max(_SHARE_MIN, min(1.0, self._frames / self._rows))
+
+    @property
+    def budget_s(self) -> float:
+        """What a tick's own work may take for its streams to keep up with real-time
+        listeners: a frame's time for each frame a step completes, the margin to spare."""
+        return self.frame_s * self.share / (1.0 + self.margin)
+
+    @property
+    def pace_budget_s(self) -> float:
+        """What the windows' ticks, start to start, may take: a frame, the margin to spare.
+
+        Not scaled by the share: those times hold what the machine did besides stepping (the
+        event loop's turns, the codec's), which grows with the sessions served, not with
+        each step's frames. Judged by the share, the tiny demo model's windows (5 streams,
+        ticks every 41 ms start to start where their own work took under 10 ms, sessions
+        seconds ahead of their listeners) fell behind at half its load, and the capacity
+        dropped from 16 to 3-5 streams, refusing 13 of 38 sessions."""
+        return self.frame_s / (1.0 + self.margin)
 
     def tick_started(self, streams: int, t: float, running: int | None = None) -> None:
         """A tick stepping ``streams`` streams starts at ``t`` (the one before, unless the
@@ -125,7 +208,7 @@ class Capacity:
         this tick skips and those paused ahead of their listeners included (default:
         ``streams``)."""
         self._tick_ended(t)
-        self._tick_at, self._last_streams = t, streams
+        self._tick_at, self._last_streams, self._tick_prompts = t, streams, 0.0
         self._last_running = streams if running is None else max(streams, running)
         w = self._win
         if w is None or w[2] >= _WINDOW_S:  # a window is about a second of ticks
@@ -147,7 +230,7 @@ class Capacity:
         if w is not None and t0 is not None:
             w[0] += 1
             w[1] += self._last_streams
-            w[2] += t - t0
+            w[2] += max(0.0, t - t0 - self._tick_prompts)
             w[4] += self._last_running
 
     def window(self, streams: float, tick_s: float, ahead: int = 0, running: float = 0.0) -> None:
@@ -169,7 +252,7 @@ class Capacity:
         if running > streams and not self._would_fit(streams, running, tick_s):
             running = streams
         held = max(running, float(ahead))
-        if tick_s * (1.0 + self.margin) > self.frame_s and streams >= 1.0:
+        if self.cost_s(tick_s, running) > self.pace_budget_s and streams >= 1.0:
             was, self.limit = self.limit, max(1.0, min(self.limit, running) * _BACKOFF)
             log.debug("capacity limit %.2f -> %.2f: a window behind (%.2f streams stepped, %.2f "
                       "running, ticks %.1f ms)", was, self.limit, streams, running, 1000 * tick_s)
@@ -203,17 +286,25 @@ class Capacity:
         a, b = self.estimate(lo), self.estimate(hi)
         if a is None or b is None:
             return False
-        return (tick_s + max(0.0, b - a)) * (1.0 + self.margin) <= self.frame_s
+        return self.cost_s(tick_s + max(0.0, b - a), hi) <= self.pace_budget_s
 
     def forget_ticks(self) -> None:
-        """Drop the tick times (after a warm-up: its ticks paid one-off costs); the limit
-        starts again from the slow start."""
+        """Drop the tick times and the frames steps made (after a warm-up: its ticks paid
+        one-off costs); the limit starts again from the slow start."""
         self.tick_s[:] = 0.0
         self.seen[:] = 0
+        self.last_seen[:] = -np.inf
         self._capacity = None
         self.limit = min(float(self.max_streams), _START)
         self.slow_start = True
         self._win = self._tick_at = None
+        self._forget_made()
+
+    def _forget_made(self) -> None:
+        # the steps streams that ended took and the frames they completed, each decayed over
+        # _SHARE_ROWS steps: a segment's first steps (the delay pattern's) make no frame
+        self._rows = self._frames = _SHARE_PRIOR
+        self._prompt_s = 0.0  # ... and the seconds their prompts took to feed, decayed so too
 
     def finished(self) -> None:
         """A stream ended (done, failed or aborted) and its slot is free for a new one."""
@@ -225,7 +316,15 @@ class Capacity:
         seen = np.flatnonzero(self.seen)
         if seen.size == 0:
             return None
-        if self.seen[streams] >= _TRUSTED:
+        # Counts not stepped for a while are read off the line through the counts stepped
+        # since: after a busy spell raised every count's average and the capacity fell, the
+        # counts above it were never stepped again, and their stale averages held it down
+        # for good (the tiny demo model stayed at 3 streams for the rest of a run, 16 before).
+        since = self._clock() - _STALE_S
+        fresh = seen[self.last_seen[seen] >= since]
+        if fresh.size:
+            seen = fresh
+        if self.seen[streams] >= _TRUSTED and self.last_seen[streams] >= since:
             return float(self.tick_s[streams])
         if seen.size == 1:
             n0 = int(seen[0])
@@ -239,13 +338,13 @@ class Capacity:
     def streams(self) -> int:
         """The capacity: the most streams that stay ahead of real time by the margin."""
         if self._capacity is None:
-            budget = self.frame_s / (1.0 + self.margin)
+            budget = self.budget_s
             cap = self.max_streams
             if self.estimate(1) is not None:
                 cap = 1
                 for n in range(2, self.max_streams + 1):
                     est = self.estimate(n)
-                    if est is None or est > budget:
+                    if est is None or self.cost_s(est, n) > budget:
                         break
                     cap = n
             self._capacity = max(1, min(cap, int(self.limit)))
@@ -291,6 +390,8 @@ class Capacity:
             "tick_ms_at_capacity": -1.0 if est is None else round(1000 * est, 3),
             "finish_rate_per_s": self.finish_rate() or 0.0,
             "limit_streams": round(self.limit, 2),
+            "frames_per_step": round(self.share, 3),
+            "prompt_ms_per_step": round(1000 * self.prompt_s, 3),
             "windows_behind": self.windows_behind,
             "admitted": self.admitted,
             "queued": self.queued,

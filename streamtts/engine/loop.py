@@ -67,6 +67,7 @@ class StepResult:
 
     slots: np.ndarray
     t_start: float
+    prompts_s: float = 0.0  # of it, feeding prompts (prefill pieces, cached prefixes loaded, stored)
 
 
 class EngineCore:
@@ -222,6 +223,7 @@ class EngineCore:
         with self.decoder.turns.backbone():  # CPU codec: not while the codec's call runs
             self.profile.codec_wait += time.perf_counter() - t0
             result = self.execute(plan)
+        self.admission.fed_prompts(result.prompts_s)
         if result.slots.size:
             self.update(result)
             if not (plan.prefill or plan.loads):  # a steady tick: what N streams cost
@@ -293,8 +295,10 @@ class EngineCore:
         held = self.slots.streams[slot]
         demand = self.waiting.demand
         if held is not None:  # its step counts, as at each chunk (an abort or failure ends here)
-            held.req.stats.steps = int(self.slots.steps[slot])
-            held.req.stats.step_s = float(self.slots.step_s[slot])
+            st = held.req.stats
+            st.steps = int(self.slots.steps[slot])
+            st.step_s = float(self.slots.step_s[slot])
+            self.admission.made(st.steps, st.frames, st.prefill_s)
         try:  # the cells first: a slot that shows free holds none
             self.backbone.seq_rm(slot)
         except Exception:  # pragma: no cover - the slot is unusable then; keep the engine up
@@ -357,7 +361,9 @@ class EngineCore:
             self._step.read_logits_at(lent)
             self._lent = lent
         self.lent_steps += lent != 0
+        t1 = time.perf_counter()
         fin = self.calls.prompts(plan, run.size)
+        prompts_s = time.perf_counter() - t1
         slots = run if not fin else np.concatenate([run, np.asarray(fin, dtype=np.int64)])
         if slots.size and not self.audio_in_place:  # else a kernel reads the logits strided as they lie
             t2 = time.perf_counter()
@@ -368,7 +374,7 @@ class EngineCore:
                 assert self.heads is not None and self.hidden is not None
                 self.heads(self.hidden[:b], self.audio_buf)
             self.profile.heads += time.perf_counter() - t2
-        return StepResult(slots, t0)
+        return StepResult(slots, t0, prompts_s)
 
     # -- update: sampling, state machines, frames -----------------------------------------
     def update(self, result: StepResult) -> None:

@@ -12,6 +12,7 @@ call produced for many streams and hands it to each event loop at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from ..constants import SAMPLE_RATE
@@ -19,6 +20,8 @@ from ..request import AudioChunk, StreamStats
 from ..request.handoff import Outbox, _Item
 
 __all__ = ["Outbox", "StreamSink"]
+
+log = logging.getLogger(__name__)
 
 class StreamSink:
     """One stream's output queue (the request's :class:`~streamtts.request.ChunkSink`)."""
@@ -37,6 +40,8 @@ class StreamSink:
         if not self.stats.t_first_made:
             self.stats.t_first_made = time.monotonic()
             self.stats.first_audio_step = chunk.step
+            if log.isEnabledFor(logging.DEBUG):
+                _log_first(self.stats)
         self.produced_samples += chunk.pcm.shape[0]
         self._put(chunk, outbox)
 
@@ -70,3 +75,17 @@ class StreamSink:
             if not self.stats.t_first_audio:
                 self.stats.t_first_audio = time.monotonic()
         return item
+
+
+def _log_first(st: StreamStats) -> None:
+    """Where a stream's time to its first chunk went (``-vv``)."""
+    ms = 1000.0
+    log.debug(
+        "first chunk made %.0f ms after submit: %.0f ms to a slot, prefill %.0f ms (%.0f ms "
+        "its own; %d rows, %d cached, %d pieces), %d steps in %.0f ms (%.1f ms a tick), %.0f ms "
+        "to the codec's chunk",
+        ms * (st.t_first_made - st.t_submit), ms * (st.t_admitted - st.t_submit),
+        ms * (st.t_prefilled - st.t_admitted), ms * st.prefill_s, st.prompt_rows, st.prefix_cached_rows,
+        st.prefill_ticks, st.steps, ms * st.step_s,
+        ms * st.step_s / max(1, st.steps),
+        ms * (st.t_first_made - st.t_prefilled - st.step_s))

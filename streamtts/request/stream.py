@@ -139,6 +139,7 @@ class StreamStats:
     prompt_rows: int = 0
     prefix_cached_rows: int = 0  # prompt rows loaded from the prefix cache, not computed
     prefill_ticks: int = 0  # llama_decode calls (pieces) the prompt was fed in
+    prefill_s: float = 0.0  # wall time of those calls and of loading or storing a cached prefix
     steps: int = 0
     frames: int = 0
     t_submit: float = 0.0

@@ -224,6 +224,7 @@ async def healthz(request: Request) -> Response:
         body["admission"] = e.config.admission
         body["capacity_streams"] = int(adm["capacity_streams"])
         body["tick_ms_at_capacity"] = adm["tick_ms_at_capacity"]
+        body["frames_per_step"] = adm["frames_per_step"]
     return JSONResponse(body, status_code=200 if s.ready else 503)
 
 

@@ -211,6 +211,12 @@ class ServerMetrics:
             "which its ticks came slower than the margin allows lowers it, one in time raises it.",
             lambda: admission().get("limit_streams", 0.0),
         )
+        self.frames_per_step = Gauge(
+            "streamtts_frames_per_step",
+            "Share of stream-steps that complete an audio frame lately (a segment's first 32 "
+            "steps make none): a tick must fit in 0.08 s times it.",
+            lambda: admission().get("frames_per_step", 1.0),
+        )
         self.lag = Gauge(
             "streamtts_stream_lag_max_seconds",
             "How far the stream furthest behind a real-time listener is behind (0: all ahead).",
@@ -324,6 +330,7 @@ class ServerMetrics:
             self.tick_at_capacity,
             self.finish_rate,
             self.capacity_limit,
+            self.frames_per_step,
             self.lag,
             self.admission,
             self.model_loaded,

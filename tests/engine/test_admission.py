@@ -278,3 +278,23 @@ def test_the_room_sessions_hold_counts_towards_raising_the_limit(demo_model_dir:
             e.end_session(46)
 
     asyncio.run(main())
+
+
+def test_the_share_of_steps_that_complete_a_frame_is_counted_per_stream(demo_model_dir: Path) -> None:
+    """Short streams spend most of their steps before their first frame (the delay pattern):
+    the capacity's budget per tick shrinks by the share of steps that made a frame."""
+
+    async def main() -> None:
+        async with Engine.from_config(
+            demo_model_dir / "config.yaml", n_threads=1, max_streams=2, admission="capacity",
+        ) as e:  # fmt: skip
+            assert e.admission_info()["frames_per_step"] == 1.0  # nothing ended yet: a frame a step
+            frames = steps = 0
+            for i in range(3):
+                out = await e.generate("Short one.", options=StreamOptions(seed=i, fixed_frames=4))
+                frames, steps = frames + out.stats.frames, steps + out.stats.steps
+            assert frames == 12 and steps >= 12 + 3 * 31
+            # 64 made-up steps that each made a frame start the count (decayed a little since)
+            assert e.admission_info()["frames_per_step"] == pytest.approx((64 + frames) / (64 + steps), abs=0.02)
+
+    asyncio.run(main())

@@ -56,6 +56,59 @@ def test_a_line_through_the_counts_seen() -> None:
     assert c.streams() == 6  # 6: 60 ms; 7: 68 ms > 64 ms
 
 
+def test_the_budget_is_a_frame_for_each_frame_a_step_completes() -> None:
+    c = open_limit(Capacity(max_streams=16, margin=0.25, deadline_s=2.0))
+    for _ in range(30):
+        c.observe(1, 0.020)
+        c.observe(2, 0.028)
+    assert c.share == 1.0 and c.streams() == 6  # nothing made yet: a frame a step (64 ms)
+    for _ in range(400):  # sentences of 44 frames: 76 steps each, 44 of them complete a frame
+        c.made(76, 44)
+    assert c.share == pytest.approx(44 / 76, abs=0.01)
+    assert c.budget_s == pytest.approx(0.080 * 44 / 76 / 1.25, rel=0.02)
+    assert c.streams() == 3  # 3: 36 ms fits 37 ms; 4: 44 ms does not
+    assert c.info()["frames_per_step"] == pytest.approx(0.579, abs=0.01)
+    # the windows' ticks start to start keep a frame as their budget (what the machine did
+    # between steps is in them): 40 ms is in time, 70 ms behind
+    c.window(3.0, 0.040)
+    assert c.windows_behind == 0
+    c.window(3.0, 0.070)
+    assert c.windows_behind == 1
+    for _ in range(400):  # long text: nearly every step completes a frame
+        c.made(100, 99)
+    assert c.share > 0.98
+    open_limit(c)
+    assert c.streams() == 6
+
+
+def test_prompts_cost_their_average_share_of_the_steps_not_a_window_behind() -> None:
+    c = open_limit(Capacity(max_streams=16, margin=0.25, deadline_s=2.0))
+    for _ in range(30):
+        c.observe(1, 0.020)
+        c.observe(2, 0.028)
+    t = 0.0
+    c.tick_started(1, t)
+    c.fed_prompts(1.0)  # a long prompt fed in the first tick: every stream waited for it
+    t += 1.02
+    for _ in range(60):  # then ticks of 20 ms: a window of a second of them
+        c.tick_started(1, t)
+        t += 0.020
+    # counted start to start, the first tick (1.02 s) alone would have been a window behind;
+    # the prompt not counted, the window is 50 ticks of 20 ms
+    assert c.windows_behind == 0
+    for _ in range(400):  # streams of 76 steps (44 frames), each prompt fed in 190 ms
+        c.made(76, 44, 0.190)
+    assert c.prompt_s == pytest.approx(0.190 / 76, rel=0.02)
+    # a tick of n streams costs n x 2.5 ms more: 3 streams, 36 + 7.5 ms > 37 ms; 2: 28 + 5 ms
+    assert c.cost_s(0.028, 2) == pytest.approx(0.033, rel=0.02)
+    assert c.streams() == 2
+    assert c.info()["prompt_ms_per_step"] == pytest.approx(2.5, rel=0.02)
+    c.window(2.0, 0.058)  # 58 ms start to start and 5 ms of prompts: within 64 ms
+    assert c.windows_behind == 0
+    c.window(2.0, 0.062)  # 62 + 5 ms: behind
+    assert c.windows_behind == 1
+
+
 def test_a_running_average_follows_a_slower_machine() -> None:
     c = open_limit(Capacity(max_streams=16, margin=0.0, deadline_s=2.0))
     for _ in range(30):
@@ -65,6 +118,25 @@ def test_a_running_average_follows_a_slower_machine() -> None:
         c.observe(4, 0.079)  # a neighbour took a core
     assert c.streams() < fast
     assert c.streams() >= 1
+
+
+def test_counts_not_stepped_for_a_minute_are_read_off_the_line_again() -> None:
+    clock = Clock()
+    c = open_limit(Capacity(max_streams=16, margin=0.25, deadline_s=2.0, clock=clock))
+    for _ in range(30):
+        for n in range(1, 7):
+            c.observe(n, 0.005 * n)  # 5 ms a stream: 12 fit in 64 ms
+    assert c.streams() == 12
+    for _ in range(60):  # a busy neighbour: every count four times slower
+        for n in range(1, 7):
+            c.observe(n, 0.020 * n)
+    assert c.streams() == 3
+    for _ in range(150):  # it left; the capacity stepped counts 1-3 only since (75 s)
+        for n in range(1, 4):
+            c.observe(n, 0.005 * n)
+        clock.t += 0.5
+    assert c.estimate(4) == pytest.approx(0.020, abs=0.001)  # 4: a minute stale, off the line
+    assert c.streams() == 12
 
 
 def test_too_slow_for_one_still_serves_one() -> None:

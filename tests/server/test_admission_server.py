@@ -69,7 +69,11 @@ def test_a_full_engine_refuses_new_sessions_at_once(serve: Any) -> None:
     for _ in range(2):  # ticks are timed, and two streams end: the rate slots free at too
         r = httpx.post(srv.http + "/v1/audio/speech", json={"input": "Hello.", "response_format": "pcm"}, timeout=60)
         assert r.status_code == 200
-    assert srv.health()["capacity_streams"] == 1
+    h = srv.health()
+    assert h["capacity_streams"] == 1
+    # short texts: each stream's first 32 steps made no frame
+    assert 0.1 <= h["frames_per_step"] < 0.9, h
+    assert srv.metric("streamtts_frames_per_step") == pytest.approx(h["frames_per_step"], abs=0.001)
     sock = stalled_session(srv.port, HELD)
     try:
         while srv.health()["active_streams"] < 1:  # its one long stream holds the capacity
