@@ -28,6 +28,7 @@ __all__ = ["PING_EXTENSION", "Listener"]
 # The ASGI scope extension through which the server's protocol (uvicorn_ws.py) offers
 # acknowledgement pings: a function returning a future done when the pong is back.
 PING_EXTENSION = "streamtts.ping"
+_SLACK_S = 1e-6  # audio seconds are sums of frame lengths: equal up to float rounding
 
 
 class Listener:
@@ -74,8 +75,18 @@ class Listener:
 
     def wait_s(self) -> float:
         """Seconds until more audio may be sent: 0 now, else when the real-time listener has
-        played enough (an ack may come sooner)."""
-        return max(0.0, self.sent_s - self.consumed_s - self.lead_s)
+        played enough (an ack may come sooner and wakes the sender).
+
+        Only the clock moves ``played_s``; ``acked_s`` moves when an acknowledgement comes.
+        So the wait is the clock's, even while the acknowledged audio is ahead of it: timed
+        from ``acked_s`` it did not end when it ran out, and with the acknowledged audio at
+        the lead to a float's last bit (10.080000000000002 sent, 6.08 read, 4 s lead) the
+        sender woke every 2e-15 s: 80,000 turns of the event loop a second, a core taken
+        from the engine, whose ticks on the tiny demo model went from 2 to 47 ms."""
+        need = self.sent_s - self.lead_s  # what must be consumed before more audio goes
+        if self.consumed_s >= need - _SLACK_S:
+            return 0.0
+        return need - self.played_s
 
     def too_slow(self, stall_s: float) -> bool:
         return self.behind_s() > stall_s or self.unread_for_s() > stall_s + self.lead_s

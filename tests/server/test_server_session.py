@@ -487,8 +487,29 @@ def test_listener_reading_faster_than_real_time_is_sent_at_its_pace() -> None:
     assert li.wait_s() == 28.0
     li.acked(30.0)  # a file writer read it all at once
     assert li.wait_s() == 0.0 and li.behind_s() == 0.0
-    li.sent(5.0)
-    assert li.wait_s() == 3.0
+    li.sent(5.0)  # its ping behind these 5 s wakes the sender when answered; else the clock
+    assert li.wait_s() == 33.0
+
+
+def test_listener_at_its_lead_by_a_float_waits_for_the_clock_not_for_rounding() -> None:
+    """Acknowledged audio exactly at the lead, up to float rounding: the sender may send,
+    or waits for the clock; never a wait of 2e-15 s that ends with nothing changed (the
+    sender then spun the event loop, 80,000 turns a second)."""
+    from streamtts.server.pacing import Listener
+
+    clock = FakeClock()
+    li = Listener(lead_s=4.0, acks=True, clock=clock)
+    for _ in range(126):
+        li.sent(0.08)  # 10.080000000000002 s
+    li.acked(6.08)
+    clock.t += 0.6
+    assert li.sent_s - li.acked_s - li.lead_s > 0.0  # the rounding this is about
+    assert li.wait_s() == 0.0
+    li.sent(0.64)
+    wait = li.wait_s()
+    assert wait == pytest.approx(li.sent_s - li.lead_s - li.played_s)  # the clock's wait
+    clock.t += wait
+    assert li.wait_s() == 0.0
 
 
 def test_listener_too_slow_means_behind_real_time() -> None:
