@@ -23,6 +23,7 @@ __all__ = ["Outbox", "StreamSink"]
 
 log = logging.getLogger(__name__)
 
+
 class StreamSink:
     """One stream's output queue (the request's :class:`~streamtts.request.ChunkSink`)."""
 
