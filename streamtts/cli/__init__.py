@@ -15,10 +15,12 @@ def main(argv: list[str] | None = None) -> int:
         from .main import main as run
 
         globals()["main"] = _entry  # importing the submodule `main` rebound the name to it
+        interrupts.imports_done()
         return run(argv)
     except BaseException:
         if not interrupts.seen():
             raise
+        interrupts.forget_unhandled()
         print("streamtts: interrupted", file=sys.stderr)
         return 130
 
