@@ -21,8 +21,12 @@ A tick's own time does not count what the machine did between ticks: on 2 cores 
 server's event loop and the codec's thread take the GIL and the cores from the engine's
 thread, and under load whole seconds passed at a tenth of the usual tick rate while the
 estimate (each tick clipped to twice the average) hardly moved. So the engine also judges
-its pace over windows of about a second of ticks (``tick_started``: ticks timed start to
-start, all of that counted but the loop's own waits and the time spent feeding prompts,
+its pace over windows of about a second of ticks, or of a second of wall time holding at
+least ``_WINDOW_TICKS`` ticks (the tiny demo model's streams spend most of their time paused
+far ahead of their listeners: a second of its 1 ms ticks took a minute to gather at light
+load, and meanwhile the slow start's limit refused 13 of 38 sessions) (``tick_started``:
+ticks timed start to start, all of that counted but the loop's own waits and the time spent
+feeding prompts,
 which ``prompt_s`` counts instead: one session's voice prefix, 550 ms once, put its window
 behind and the limit fell to one stream). A window whose ticks came slower than
 the margin allows lowers a limit on the capacity to three quarters of the streams it
@@ -74,6 +78,7 @@ _FIRST = 3  # a count's first ticks: the fastest of them starts its average
 _FINISHES = 32  # stream ends the finish rate is measured over
 _FINISH_WINDOW_S = 120.0  # ... within this many seconds
 _WINDOW_S = 1.0  # the engine's pace is judged over windows of about this many seconds of ticks
+_WINDOW_TICKS = 32  # ... or of as many seconds of wall time, holding at least this many ticks
 _BACKOFF = 0.75  # a window behind: the limit falls to this share of the streams it stepped
 _RECOVER = 0.5  # a window in time: the limit rises by this many streams
 _START = 2.0  # the limit of a fresh engine (slow start) ...
@@ -113,7 +118,8 @@ class Capacity:
         self.slow_start = True  # no window has fallen behind yet
         self.windows_behind = 0  # windows whose ticks came slower than the margin allows
         # the open window: [ticks, streams stepped, seconds of ticks start to start, the most
-        # streams all paused ahead of their listeners at once meanwhile, streams running]
+        # streams all paused ahead of their listeners at once meanwhile, streams running,
+        # when it opened]
         self._win: list[float] | None = None
         self._tick_at: float | None = None  # when the tick under way started (None: waiting)
         self._last_streams = 0  # the streams the tick under way steps
@@ -211,10 +217,11 @@ class Capacity:
         self._tick_at, self._last_streams, self._tick_prompts = t, streams, 0.0
         self._last_running = streams if running is None else max(streams, running)
         w = self._win
-        if w is None or w[2] >= _WINDOW_S:  # a window is about a second of ticks
+        # a window is about a second of ticks, or a second of paused streams and a few ticks
+        if w is None or w[2] >= _WINDOW_S or (w[0] >= _WINDOW_TICKS and t - w[5] >= _WINDOW_S):
             if w is not None:
                 self.window(w[1] / w[0], w[2] / w[0], int(w[3]), w[4] / w[0])
-            self._win = [0.0, 0.0, 0.0, 0.0, 0.0]
+            self._win = [0.0, 0.0, 0.0, 0.0, 0.0, t]
 
     def untimed(self, t: float, ahead: int = 0) -> None:
         """The loop waits from ``t``: nothing to step, or every one of the ``ahead`` streams

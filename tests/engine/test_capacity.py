@@ -192,7 +192,8 @@ def test_a_second_of_slow_ticks_lowers_the_capacity_and_seconds_in_time_raise_it
         t += 0.014
         c.untimed(t, ahead=11)
         t += 0.050
-    assert c.limit == 11.0
+    # each 32 ticks (two seconds) a window: 10.5 -> 11 -> 11.5
+    assert c.limit == 11.5
     c.forget_ticks()  # a new warm-up: the slow start again
     assert c.streams() == 2 and c.slow_start
 
@@ -230,6 +231,40 @@ def test_streams_a_tick_skips_count_as_kept_in_time_if_stepping_them_would_be() 
             t += 0.025
     # 2 -> 2.5 -> 3 -> 3.5: doubling to 4 would take 100 ms ticks; a third stream fits (50 ms)
     assert cpu.limit == 3.5 and cpu.windows_behind == 0
+
+
+def test_a_fast_model_whose_streams_wait_paused_judges_a_second_of_wall_time() -> None:
+    """The tiny demo model at light load: 1 ms ticks, its streams paused far ahead of their
+    listeners most of the time. A window of a second of ticks took a minute to gather, and
+    meanwhile the slow start's limit of 2 refused 13 of 38 sessions."""
+    c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
+    for _ in range(20):
+        c.observe(1, 0.001)
+        c.observe(4, 0.002)
+    t = 0.0
+    for _ in range(3):  # three seconds: 40 ticks each, every stream paused between them
+        for _ in range(40):
+            c.tick_started(1, t, running=int(c.limit))
+            t += 0.001
+            c.untimed(t, ahead=int(c.limit))
+            t += 0.024
+    t += 0.1  # the third window closes (its second is over)
+    c.tick_started(1, t)
+    assert c.limit == 16.0 and c.windows_behind == 0  # 2 -> 4 -> 8 -> 16
+    # slow ticks (70 ms at 16 streams) in seconds of paused streams, but too few of them to
+    # judge the pace by: no window closes ...
+    for _ in range(13):
+        c.tick_started(16, t)
+        t += 0.070
+        c.untimed(t, ahead=16)
+        t += 0.500
+    assert c.windows_behind == 0 and c.limit == 16.0
+    for _ in range(3):  # ... until they make a second of ticks: behind
+        c.tick_started(16, t)
+        t += 0.070
+        c.untimed(t, ahead=16)
+        t += 0.500
+    assert c.windows_behind == 1 and c.streams() == 11  # 3/4 of the 15 streams running on average
 
 
 def test_the_slow_start_doubles_only_as_far_as_the_ticks_would_stay_in_time() -> None:
