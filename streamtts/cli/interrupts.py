@@ -16,7 +16,6 @@ from __future__ import annotations
 import signal
 import sys
 from types import FrameType
-from typing import Any
 
 _seen = False
 _hook_before = sys.unraisablehook
@@ -28,7 +27,7 @@ def _note(signum: int, frame: FrameType | None) -> None:
     signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
 
 
-def _dropped(info: Any) -> None:
+def _dropped(info: sys.UnraisableHookArgs) -> None:
     # A KeyboardInterrupt raised in a callback cannot propagate: Python prints it as ignored
     # and carries on, the command would run as if no Ctrl-C came. It was noted (_note);
     # imports_done() raises it.

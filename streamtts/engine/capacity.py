@@ -24,18 +24,17 @@ estimate (each tick clipped to twice the average) hardly moved. So the engine al
 its pace over windows of about a second of ticks, or of a second of wall time holding at
 least ``_WINDOW_TICKS`` ticks (the tiny demo model's streams spend most of their time paused
 far ahead of their listeners: a second of its 1 ms ticks took a minute to gather at light
-load, and meanwhile the slow start's limit refused 13 of 38 sessions) (``tick_started``:
-ticks timed start to start, all of that counted but the loop's own waits and the time spent
-feeding prompts,
-which ``prompt_s`` counts instead: one session's voice prefix, 550 ms once, put its window
-behind and the limit fell to one stream). A window whose ticks came slower than
-the margin allows lowers a limit on the capacity to three quarters of the streams it
-stepped; each window in time with about as many streams as the limit raises it by half a
-stream (streams running that a tick skipped, being far enough ahead, count too when
-stepping them as well would still have been in time by the estimate). The limit starts
-low (two streams) and doubles with each window in time until a first window falls behind,
-as TCP's slow start does: a fresh server admitted up to the estimate at once, and the
-streams admitted before the first slow window lowered the limit stuttered together
+load, and meanwhile the slow start's limit refused 6 to 13 of 38 sessions arriving in a
+minute) (``tick_started``: ticks timed start to start, all of that counted but the loop's own
+waits and the time spent feeding prompts, which ``prompt_s`` counts instead: one session's
+voice prefix, 550 ms once, put its window behind and the limit fell to one stream). A window
+whose ticks came slower than the margin allows lowers a limit on the capacity to three
+quarters of the streams it stepped; each window in time with about as many streams as the
+limit raises it by half a stream (streams running that a tick skipped, being far enough
+ahead, count too when stepping them as well would still have been in time by the estimate).
+The limit starts low (two streams) and doubles with each window in time until a first
+window falls behind, as TCP's slow start does: a fresh server admitted up to the estimate at
+once, and the streams admitted before the first slow window lowered the limit stuttered together
 (measured: C100 92 % at twice the load on the tiny demo model); doubling still reaches 64
 in five seconds. Either step is taken only as far as the window's ticks, plus the
 estimate's cost of the streams added, would stay in time (else half a stream, else none).

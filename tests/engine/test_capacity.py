@@ -236,7 +236,7 @@ def test_streams_a_tick_skips_count_as_kept_in_time_if_stepping_them_would_be() 
 def test_a_fast_model_whose_streams_wait_paused_judges_a_second_of_wall_time() -> None:
     """The tiny demo model at light load: 1 ms ticks, its streams paused far ahead of their
     listeners most of the time. A window of a second of ticks took a minute to gather, and
-    meanwhile the slow start's limit of 2 refused 13 of 38 sessions."""
+    meanwhile the slow start's limit of 2 refused 6 to 13 of 38 sessions."""
     c = Capacity(max_streams=16, margin=0.25, deadline_s=2.0)
     for _ in range(20):
         c.observe(1, 0.001)
