@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from . import interrupts
 
 
@@ -20,9 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         if not interrupts.seen():
             raise
-        interrupts.forget_unhandled()
-        print("streamtts: interrupted", file=sys.stderr)
-        return 130
+        return interrupts.report()
 
 
 _entry = main

@@ -7,7 +7,7 @@ landed where Python can only drop it (a weakref's callback, which the imports ru
 raised once they are done (:func:`imports_done`). For the
 asynchronous commands, asyncio's own handler takes over (:func:`hand_to_asyncio`): it cancels
 the command's task, whose clean-up (a file kept, a socket closed) then runs. Once reported,
-CPython's own note of an unhandled interrupt is cleared (:func:`forget_unhandled`), or
+CPython's own note of an unhandled interrupt is cleared (:func:`report`), or
 ``python -m streamtts`` would still die by the signal instead of exiting 130.
 """
 
@@ -58,9 +58,9 @@ def seen() -> bool:
     return _seen
 
 
-def forget_unhandled() -> None:
-    """Clear CPython's note that a ``KeyboardInterrupt`` went unhandled; call it once the
-    interruption is handled.
+def report() -> int:
+    """Say that the command was interrupted; returns its exit status (130). CPython's note
+    that a ``KeyboardInterrupt`` went unhandled is cleared first.
 
     A string ``exec`` that ends in a ``KeyboardInterrupt`` (dataclasses build their methods
     so; modules being imported build many) sets that note even when a caller catches the
@@ -70,6 +70,8 @@ def forget_unhandled() -> None:
     string ``exec`` clears the note as it starts, so an empty one forgets it (harmless where
     an interpreter keeps no such note)."""
     exec("pass", {})
+    print("streamtts: interrupted", file=sys.stderr)
+    return 130
 
 
 def hand_to_asyncio() -> None:

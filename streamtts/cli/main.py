@@ -173,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the system's answer (a file, a socket): not a bug of ours
         return _fail(exc, args.verbose)
     except KeyboardInterrupt:
-        interrupts.forget_unhandled()
-        print("streamtts: interrupted", file=sys.stderr)
-        return 130
+        return interrupts.report()
 
 
 def _fail(exc: StreamTTSError | OSError, verbose: int) -> int:

@@ -34,9 +34,9 @@ limit raises it by half a stream (streams running that a tick skipped, being far
 ahead, count too when stepping them as well would still have been in time by the estimate).
 The limit starts low (two streams) and doubles with each window in time until a first
 window falls behind, as TCP's slow start does: a fresh server admitted up to the estimate at
-once, and the streams admitted before the first slow window lowered the limit stuttered together
-(measured: C100 92 % at twice the load on the tiny demo model); doubling still reaches 64
-in five seconds. Either step is taken only as far as the window's ticks, plus the
+once, and the streams admitted before the first slow window lowered the limit stuttered
+together (measured: C100 92 % at twice the load on the tiny demo model); doubling still
+reaches 64 in five seconds. Either step is taken only as far as the window's ticks, plus the
 estimate's cost of the streams added, would stay in time (else half a stream, else none).
 (Timing ticks start to start for the estimate itself was tried: once the estimate fell,
 everything beyond it was refused, no tick at a higher count was seen again, and it never
@@ -216,7 +216,8 @@ class Capacity:
         self._tick_at, self._last_streams, self._tick_prompts = t, streams, 0.0
         self._last_running = streams if running is None else max(streams, running)
         w = self._win
-        # a window is about a second of ticks, or a second of paused streams and a few ticks
+        # a window is about a second of ticks, or a second of wall time (streams paused
+        # meanwhile) holding _WINDOW_TICKS ticks
         if w is None or w[2] >= _WINDOW_S or (w[0] >= _WINDOW_TICKS and t - w[5] >= _WINDOW_S):
             if w is not None:
                 self.window(w[1] / w[0], w[2] / w[0], int(w[3]), w[4] / w[0])
