@@ -42,6 +42,13 @@
 
 #include "stt.h"
 
+#ifdef __linux__
+#include <sched.h>
+typedef cpu_set_t stt_cpus; /* a thread's CPUs (pinned threads, below) */
+#else
+typedef int stt_cpus;
+#endif
+
 
 #ifndef STT_LLAMA_SOURCE
 #define STT_LLAMA_SOURCE "unknown source"
@@ -70,6 +77,9 @@ struct stt_ctx {
     struct llama_context *lctx;
     llama_memory_t        mem;
     ggml_threadpool_t     threadpool; /* NULL unless params.poll >= 0 */
+    int32_t               main_cpu;   /* the CPU stt_pin_caller gives the decoding thread, -1: none */
+    stt_cpus              caller_cpus; /* the decoding thread's CPUs before stt_pin_caller pinned it */
+    int32_t               caller_pinned;
 
     int32_t n_embd, n_vocab, n_ctx, n_ctx_seq, n_seq_max, n_batch;
     int32_t n_threads_max; /* the most threads a decode may use (the threadpool's size) */
@@ -276,6 +286,7 @@ STT_API void stt_params_default(stt_params *p) {
     p->embeddings      = 1;
     p->poll            = -1;
     p->use_mmap        = 1;
+    p->pin_threads     = 0;
 }
 
 STT_API size_t stt_sizeof_params(void) { return sizeof(stt_params); }
@@ -283,6 +294,62 @@ STT_API size_t stt_sizeof_params(void) { return sizeof(stt_params); }
 /* The size check of the Python code before stt_sizeof_params (branches not merged yet load
  * this library too); nothing in this tree calls it: remove once none is left. */
 STT_API int32_t stt_params_size(void) { return (int32_t)sizeof(stt_params); }
+
+/* ---- pinned threads ---------------------------------------------------------------------- */
+
+/* Why: llama.cpp's CPU threads meet at a spinning barrier after every op of the graph. A
+ * worker the kernel wakes onto the core the decoding thread is spinning on waits there while
+ * another core idles (it is "cache hot", so not moved at once): on a 2-vCPU machine 1-2 % of
+ * two-thread decodes of the tiny demo model took 10-35 ms instead of 0.2 ms, both threads
+ * taking turns on one core in 4 ms slices (docs/perf.md). Pinned to different cores they
+ * cannot meet. */
+
+#ifdef __linux__
+/* Fill tpp's mask with the first n allowed CPUs (ggml gives workers 1..n-1 one each in order
+ * and the decoding thread, worker 0, the n-th: *main_cpu). 0 when fewer than n are allowed. */
+static int pin_mask(struct ggml_threadpool_params *tpp, int n, int32_t *main_cpu, stt_cpus *saved) {
+    if (n < 2 || pthread_getaffinity_np(pthread_self(), sizeof *saved, saved) != 0) return 0;
+    int cpus[GGML_MAX_N_THREADS];
+    int k = 0;
+    for (int cpu = 0; cpu < GGML_MAX_N_THREADS && cpu < CPU_SETSIZE && k < n; cpu++) {
+        if (CPU_ISSET(cpu, saved)) cpus[k++] = cpu;
+    }
+    if (k < n) return 0;
+    for (int i = 0; i < n; i++) tpp->cpumask[cpus[i]] = true;
+    tpp->strict_cpu = true;
+    *main_cpu = cpus[n - 1];
+    return 1;
+}
+
+/* ggml pins the thread that creates a pool to worker 0's CPU: the creator is not the decoding
+ * thread (that one calls stt_pin_caller), so it gets its CPUs back. */
+static void unpin_creator(const stt_cpus *saved) {
+    pthread_setaffinity_np(pthread_self(), sizeof *saved, saved);
+}
+
+static int32_t pin_caller(struct stt_ctx *c, int32_t on) {
+    if (!on) {
+        if (c->caller_pinned) pthread_setaffinity_np(pthread_self(), sizeof c->caller_cpus, &c->caller_cpus);
+        c->caller_pinned = 0;
+        return -1;
+    }
+    if (!c->caller_pinned &&
+        pthread_getaffinity_np(pthread_self(), sizeof c->caller_cpus, &c->caller_cpus) != 0) return -1;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c->main_cpu, &one);
+    if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) return -1;
+    c->caller_pinned = 1;
+    return c->main_cpu;
+}
+#else
+static int pin_mask(struct ggml_threadpool_params *tpp, int n, int32_t *main_cpu, stt_cpus *saved) {
+    (void)tpp; (void)n; (void)main_cpu; (void)saved;
+    return 0;
+}
+static void unpin_creator(const stt_cpus *saved) { (void)saved; }
+static int32_t pin_caller(struct stt_ctx *c, int32_t on) { (void)c; (void)on; return -1; }
+#endif
 
 /* ---- create / free --------------------------------------------------------------------- */
 
@@ -334,6 +401,7 @@ STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
         out_err(err, err_len, "out of memory");
         return NULL;
     }
+    c->main_cpu = -1;
 
     uint64_t log_mark = log_error_seq();
     char llama_msg[1024];
@@ -407,7 +475,10 @@ STT_API struct stt_ctx *stt_create(const char *model_path, const stt_params *p,
         }
         struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_pool);
         tpp.poll = (uint32_t)p->poll;
+        stt_cpus creator;
+        int pinned = p->pin_threads ? pin_mask(&tpp, n_pool, &c->main_cpu, &creator) : 0;
         c->threadpool = g_tp_new(&tpp);
+        if (pinned) unpin_creator(&creator);
         if (c->threadpool == NULL) {
             *status = STT_E_CONTEXT;
             out_err(err, err_len, "failed to create a ggml threadpool of %d threads", n_pool);
@@ -946,6 +1017,13 @@ STT_API int32_t stt_n_threads_max(const struct stt_ctx *c) {
 }
 STT_API int32_t stt_has_threadpool(const struct stt_ctx *c) {
     return c ? (c->threadpool != NULL) : STT_E_INVALID;
+}
+/* on: pin the calling thread (the one that decodes) to the CPU our pinned threadpool left
+ * for it, and return that CPU; -1 when the pool is not pinned or the kernel refused.
+ * off: give it back the CPUs it had before (-1). The same thread calls both. */
+STT_API int32_t stt_pin_caller(struct stt_ctx *c, int32_t on) {
+    if (c == NULL) return STT_E_INVALID;
+    return c->main_cpu < 0 ? -1 : pin_caller(c, on);
 }
 
 /* llama.cpp's log lines of this context's load that say where the layers and buffers went

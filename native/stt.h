@@ -38,6 +38,10 @@ typedef struct stt_params {
                                 ggml threadpool with this polling level (0 = workers sleep
                                 between decodes instead of spinning) */
     int32_t use_mmap;        /* 1: memory-map the model file (llama.cpp default) */
+    int32_t pin_threads;     /* 1 (Linux, poll >= 0, 2+ threads, as many CPUs allowed): each
+                                worker of our threadpool keeps one CPU of those the creating
+                                thread may use and stt_pin_caller gives the decoding thread
+                                the next, so llama.cpp's threads never share a core */
 } stt_params;
 
 /* ---- delay.c: the arrays of a DelayStates (capacity entries each; seen: capacity x 2 x

@@ -220,6 +220,10 @@ class EngineConfig(_SamplingKeys, kw_only=True):
     # llama.cpp's CPU workers between decodes: 0 = they sleep, up to 100 = they spin;
     # -1 = llama.cpp's own thread pool (which spins at 50)
     thread_poll: int = 0
+    # Linux, thread_poll >= 0, 2+ llama.cpp threads: each of them keeps one CPU (the engine
+    # thread one, each worker another), so two never take turns on one core while another
+    # idles (bridge.c; docs/perf.md); false = the kernel places them
+    pin_threads: bool = True
     # the prompt template (core/prompt.py TEMPLATES; docs/family.md): "" = the model's member's
     # ("moss", the GitHub processor's; "moss-ttsd", MOSS-TTSD's own processor's)
     prompt_template: str = ""

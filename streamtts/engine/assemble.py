@@ -273,6 +273,7 @@ def build_runtime(
         _require(cfg, "lm_head_dir", "the LM heads folder (lm_head_audio_XX.npy)")
     threads = cfg.n_threads if cfg.n_threads > 0 else _auto_threads()
     streams = cfg.max_streams
+    on_gpu = _layers_on_gpu(cfg)
     params = BackboneParams(
         model_path=gguf,
         n_ctx=cfg.n_ctx * streams,
@@ -284,11 +285,11 @@ def build_runtime(
         type_v=cfg.kv_cache_type_v,
         flash_attn=str(cfg.flash_attn).lower(),
         thread_poll=None if cfg.thread_poll < 0 else cfg.thread_poll,
+        pin_threads=cfg.pin_threads and not on_gpu,  # the layers on a GPU: its threads do little
     )
     tokenizer = HFTokenizer(cfg.tokenizer_dir)
     if cfg.log_llama and backbone_factory is None:
         _llama.set_llama_log(True)
-    on_gpu = _layers_on_gpu(cfg)
     backbone = (backbone_factory or Backbone)(params)
     heads: AudioHeads | None = None
     try:

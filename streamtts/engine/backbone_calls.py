@@ -68,6 +68,8 @@ class ThreadedBackbone(Protocol):
 
     def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None: ...
 
+    def pin_caller(self, on: bool = True) -> int | None: ...
+
 
 # what puts a stand-in in llama.cpp's place (tests; `streamtts bench --null-backbone`)
 BackboneFactory = Callable[[BackboneParams], BackboneLike]
@@ -166,10 +168,23 @@ class BackboneCalls:
         if k != self._threads:
             assert self._threaded is not None
             self._threaded.set_threads(k)
+            if (k > 1) != (self._threads > 1):
+                self._threaded.pin_caller(k > 1)
             self._threads = k
         t0 = time.perf_counter()
         self.backbone.decode_bound(n, want_hidden, out_offset, lend)
         tuner.observe(n, k, time.perf_counter() - t0)
+
+    def pin_engine_thread(self) -> int | None:
+        """Called by the thread that decodes, once: with ``pin_threads`` it keeps the CPU
+        llama.cpp's pinned workers left for it while decodes use 2+ threads (a worker woken
+        onto its core would wait there while another core idles); on one thread it may run
+        anywhere (a busy neighbour may hold that CPU). The CPU, or None when not pinned."""
+        backbone = self.backbone
+        if not isinstance(backbone, ThreadedBackbone):
+            return None
+        threads = self._threads if self.tuner is not None else backbone.n_threads_max
+        return backbone.pin_caller() if threads > 1 else None
 
     # -- the step --------------------------------------------------------------------------
     def decode_run(self, run: np.ndarray, lend: bool = False) -> bool:

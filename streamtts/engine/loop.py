@@ -182,6 +182,9 @@ class EngineCore:
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
+        cpu = self.calls.pin_engine_thread()  # this thread decodes from now on
+        if cpu is not None:
+            log.debug("engine thread pinned to CPU %d, llama.cpp's workers to others", cpu)
         try:
             while True:
                 if not self._drain_commands(self._wait_s()):
@@ -252,6 +255,7 @@ class EngineCore:
                 self._abort(cmd.rid)
             elif isinstance(cmd, EndSession):
                 self.waiting.end_session(cmd.session)
+                self.policy.end_session(cmd.session)
             else:
                 return False
 
@@ -274,6 +278,7 @@ class EngineCore:
         frame assembler, a continuation's prefix frames, and the scheduler's prefill queue."""
         s = self.slots.reset(slot, req, self.policy.chunks_for(req))
         req.stats.t_admitted = time.monotonic()
+        self.policy.started(slot, req.stats.t_admitted)
         req.stats.prompt_rows = req.prompt.shape[0]
         self.states.reset(slot, req.prompt, req.sampling, req.seed)
         self.assembler.reset(slot)
@@ -349,6 +354,8 @@ class EngineCore:
         rows are output after the stepped ones), then the audio heads of all output rows."""
         t0 = time.perf_counter()
         run = plan.decode
+        if self.calls.tuner is not None:  # no thread-count probe in a newcomer's first steps
+            self.calls.tuner.hold = plan.first_audio
         # lent rows live until the next decode: none while a prompt piece decodes after the run
         lend = self.lend_logits and not plan.prefill and not plan.loads
         lent = 0

@@ -10,7 +10,10 @@ consumer is more than ``max_buffered_s`` behind, resumed under
 ``resume_buffered_s``); while some stream waits for its first audio, streams
 already more than ``step_slack_s`` ahead of a real-time listener (each row costs
 tick time the newcomer's 32 steps wait for, and those streams have audio in
-hand); and, above ``max_batch_rows``, all but the ones closest to running dry.
+hand); and, above ``max_batch_rows``, all but the ones closest to running dry. A
+session's next segment starts with its session's audio in hand (``ChunkPolicy.started``),
+so it is no newcomer. ``Plan.first_audio`` tells the engine a stream waits for its first
+audio (no thread-count probe then: engine/thread_tuner.py).
 
 Prefill: each joining prompt, oldest first, in a partition that depends on the
 prompt alone: its cacheable prefix (if any), then the rest, each cut in
@@ -53,6 +56,7 @@ class Plan:
     decode: np.ndarray = field(default_factory=lambda: NO_SLOTS)  # slots stepped, in row order
     loads: list[tuple[int, np.ndarray]] = field(default_factory=list)  # cached prefixes to load first
     prefill: list[PrefillPiece] = field(default_factory=list)
+    first_audio: bool = False  # a stream stepped or joining waits for its first audio
 
     @property
     def empty(self) -> bool:
@@ -75,6 +79,7 @@ class Scheduler:
         self.joining: list[int] = []  # slots still prefilling, in admission order
         self._run_cache: np.ndarray | None = None
         self._paused: list[int] = []  # slots paused by backpressure
+        self._newcomer = False  # a running stream waits for its first audio (the last _running)
 
     # -- bookkeeping the engine reports --------------------------------------------------
     def admitted(self, slot: int) -> None:
@@ -95,18 +100,27 @@ class Scheduler:
     # -- the plan ------------------------------------------------------------------------
     def schedule(self) -> Plan:
         plan = Plan(decode=self._running())
+        plan.first_audio = self._newcomer or (bool(self.joining) and self._joiner_waits())
         self._plan_prefill(plan)
         return plan
+
+    def _joiner_waits(self) -> bool:
+        """A stream still prefilling waits for its first audio (a session's next segment
+        with its session's audio in hand does not)."""
+        due = self.slots.audio_due
+        return any(due[s] == -np.inf for s in self.joining)
 
     def _running(self) -> np.ndarray:
         if self._backpressure() or self._run_cache is None:
             self._run_cache = self._runnable()
         run = self._run_cache
         if run.size < 2:
+            self._newcomer = bool(run.size) and bool(self.slots.audio_due[run[0]] == -np.inf)
             return run
         slack = self.slots.audio_due[run] - self.clock()  # audio in hand (-inf: none yet)
+        self._newcomer = bool(np.isneginf(slack).any())
         ahead = self.cfg.step_slack_s
-        if ahead > 0 and np.isneginf(slack).any():
+        if ahead > 0 and self._newcomer:
             keep = slack < ahead
             run, slack = run[keep], slack[keep]
         limit = self.cfg.max_batch_rows

@@ -31,6 +31,7 @@ class Stream:
     # (kept here, not in SlotTable.pend: a prefix may be long, and only one chunk needs them)
     lead: np.ndarray | None = None
     rows: list[np.ndarray] = field(default_factory=list)  # keep_rows: generated rows not yet sent
+    order: int = 0  # streams admitted before it (chunk_policy.py: a session's segments in order)
 
 
 class SlotTable:

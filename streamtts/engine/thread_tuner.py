@@ -13,10 +13,16 @@ on it, so it is measured, not set (docs/perf.md has what it chose and changed):
 - each bucket uses one count, starting at the most threads the engine has (``n_threads``);
 - every ``PROBE_EVERY`` decodes of a bucket, a probe interleaves the count in use with its
   neighbours among 1, 2, 4, ... and the most (``PROBE_ROUNDS`` decodes each, taken in turns
-  so that all of them see the same load), and the bucket moves to the neighbour whose median
-  was faster by ``MARGIN`` or more.
+  so that all of them see the same load), and the bucket moves to the neighbour whose mean
+  was faster by ``MARGIN`` or more. The mean, not the median: what more threads cost is in
+  the tail. On the tiny demo model under load (2 cores, threads not pinned), one-row
+  decodes on two threads had medians within 10 % of one thread's while 0.4-2 % of them
+  stalled 10-35 ms (a thread off its core holding every barrier): as much again on average.
 
-A probe costs a few decodes at a neighbouring count in a few hundred. The engine thread
+A probe costs a few decodes at a neighbouring count in a few hundred, and none while a
+stream waits for its first audio (``hold``): a newcomer's 32 steps come one decode after
+another, and a probe's decode is the likeliest to stall (there, 11 of 256 probe decodes on
+two threads took over 5 ms: the worker had slept since the last probe). The engine thread
 alone calls it; pure bookkeeping (the caller times the decodes).
 """
 
@@ -34,7 +40,7 @@ __all__ = ["ThreadTuner"]
 PROBE_EVERY = 200  # decodes of a bucket between two probes
 FIRST_PROBE = 20  # ... and before its first (a fresh engine's first decodes run on cold caches)
 PROBE_ROUNDS = 3  # decodes of each count a probe takes, interleaved
-MARGIN = 0.1  # a neighbour must be this much faster (its median) for the bucket to move
+MARGIN = 0.1  # a neighbour must be this much faster (its mean) for the bucket to move
 MAX_BUCKET = 16  # rows up to 2**16 (a prefill piece is at most n_batch rows)
 
 
@@ -56,6 +62,8 @@ class ThreadTuner:
         self._buckets = [_Bucket(at=len(self.candidates) - 1, since=PROBE_EVERY - FIRST_PROBE)
                          for _ in range(MAX_BUCKET + 1)]  # fmt: skip
         self.moves = 0  # times a bucket changed its count (read by the engine's info)
+        # no probe starts or goes on while set: a stream waits for its first audio (the caller's)
+        self.hold = False
 
     @property
     def active(self) -> bool:
@@ -66,6 +74,9 @@ class ThreadTuner:
         """The thread count the next decode of ``rows`` rows uses; the caller reports its
         time with :meth:`observe` before the next call."""
         b = self._buckets[_bucket(rows)]
+        if self.hold:  # a probe waits (one under way resumes where it was)
+            b.since += not b.probing
+            return self.candidates[b.at]
         if not b.probing:
             b.since += 1
             if b.since < PROBE_EVERY or not self.active:
@@ -79,19 +90,19 @@ class ThreadTuner:
     def observe(self, rows: int, threads: int, seconds: float) -> None:
         """A decode of ``rows`` rows on ``threads`` threads took ``seconds``."""
         b = self._buckets[_bucket(rows)]
-        if not b.probing or self.candidates[b.probing[0]] != threads:
+        if self.hold or not b.probing or self.candidates[b.probing[0]] != threads:
             return
         b.samples[b.probing.pop(0)].append(seconds)
         if not b.probing:
             self._decide(rows, b)
 
     def _decide(self, rows: int, b: _Bucket) -> None:
-        med = {i: float(np.median(s)) for i, s in b.samples.items() if s}
-        best = min(med, key=med.__getitem__)
-        if best != b.at and med[best] < (1.0 - MARGIN) * med[b.at]:
+        mean = {i: float(np.mean(s)) for i, s in b.samples.items() if s}
+        best = min(mean, key=mean.__getitem__)
+        if best != b.at and mean[best] < (1.0 - MARGIN) * mean[b.at]:
             log.debug("decodes of %d-%d rows: %d llama.cpp threads (%.2f ms) rather than %d (%.2f ms)",
                       1 << _bucket(rows), (2 << _bucket(rows)) - 1, self.candidates[best],
-                      1000 * med[best], self.candidates[b.at], 1000 * med[b.at])  # fmt: skip
+                      1000 * mean[best], self.candidates[b.at], 1000 * mean[b.at])  # fmt: skip
             b.at = best
             self.moves += 1
         b.samples, b.probed = {}, True

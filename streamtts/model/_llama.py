@@ -94,6 +94,7 @@ class SttParams(ctypes.Structure):
         ("embeddings", c_int32),
         ("poll", c_int32),
         ("use_mmap", c_int32),
+        ("pin_threads", c_int32),
     ]
 
 
@@ -261,6 +262,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "stt_has_threadpool",
     ):
         fn(getter, c_int32, [c_void_p])
+    # int32_t stt_pin_caller(stt_ctx *c, int32_t on);
+    fn("stt_pin_caller", c_int32, [c_void_p, c_int32])
     # int32_t stt_set_n_threads(stt_ctx *c, int32_t n_threads, int32_t n_threads_batch);
     fn("stt_set_n_threads", c_int32, [c_void_p, c_int32, c_int32])
     # const char *stt_last_error(const stt_ctx *c);

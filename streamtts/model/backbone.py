@@ -89,6 +89,9 @@ class BackboneParams(msgspec.Struct, frozen=True, kw_only=True):
     # with this polling level (0 = workers sleep between decodes instead of spinning).
     thread_poll: int | None = 0
     use_mmap: bool = True
+    # Linux, our own pool (thread_poll 0..100), 2+ threads: each of llama.cpp's threads keeps
+    # one CPU (the decoding thread calls pin_caller), so two never share a core (bridge.c)
+    pin_threads: bool = False
 
 
 def kv_type_id(name: str) -> int:
@@ -142,6 +145,7 @@ class Backbone:
         cp.embeddings = 1
         cp.poll = -1 if params.thread_poll is None else params.thread_poll
         cp.use_mmap = int(params.use_mmap)
+        cp.pin_threads = int(params.pin_threads)
 
         status = ctypes.c_int32(0)
         err = ctypes.create_string_buffer(2048)
@@ -269,6 +273,13 @@ class Backbone:
         rc = self._lib.stt_set_n_threads(self._check_open("set_threads"), n_threads, nb)
         if rc != 0:
             raise ConfigError(f"threads must be 1 to {self.n_threads_max}, got {n_threads} and {nb}")
+
+    def pin_caller(self, on: bool = True) -> int | None:
+        """Pin the calling thread, the one that decodes, to the CPU the pinned threadpool left
+        for it (``pin_threads``); that CPU, or None when not pinned. ``on=False``: give the
+        thread back the CPUs it had (None)."""
+        cpu = int(self._lib.stt_pin_caller(self._check_open("pin_caller"), int(on)))
+        return cpu if cpu >= 0 else None
 
     @property
     def cpu_decodes(self) -> bool:

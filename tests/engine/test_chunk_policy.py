@@ -178,3 +178,58 @@ def test_a_stream_may_have_its_own_chunks() -> None:
     admit(slots, 0, rid=1, states=states, policy=policy, chunk_frames=(3, 1, 2, 5))
     assert sizes_sent(policy, slots, out, 16) == [3, 1, 2, 5, 5]
     assert slots.chunks[1].tolist() == [2, 4, 4, 4]
+
+
+def test_a_sessions_next_segment_counts_the_audio_its_listener_has_in_hand() -> None:
+    """Segment 0 of session 7 sent 2 s by t=10: its listener hears up to t=12. Segment 1,
+    admitted then, is 2 s from running dry (not a listener waiting for audio, -inf), its
+    first chunk is heard at t=12, and the session's due grows with it. A new stream, a
+    stream of another session and a session's first segment wait for audio as before; a
+    session that ended is forgotten."""
+    policy, slots, states, out = make(chunk_frames=(25,))
+    admit(slots, 0, rid=1, states=states, policy=policy, session=7)
+    policy.started(0, now=9.0)
+    assert slots.audio_due[0] == -np.inf  # a first segment: its listener waits
+    for f in range(25):
+        tick(policy, slots, [0], f, now=10.0)
+    assert slots.audio_due[0] == 10.0 + 25 * FRAME_S == 12.0
+    admit(slots, 1, rid=2, states=states, policy=policy, session=7, priority=True)
+    policy.started(1, now=10.0)
+    assert slots.audio_due[1] == 12.0
+    for f in range(25):
+        tick(policy, slots, [1], f, now=10.5)
+    assert slots.t_first_emit[1] == 12.0 and slots.audio_due[1] == 14.0  # heard after segment 0
+    for slot, fields in ((2, {}), (3, {"session": 8, "priority": True})):
+        admit(slots, slot, rid=3 + slot, states=states, policy=policy, **fields)
+        policy.started(slot, now=10.5)
+        assert slots.audio_due[slot] == -np.inf
+    policy.end_session(7)
+    slots.release(1)
+    admit(slots, 1, rid=9, states=states, policy=policy, session=7, priority=True)
+    policy.started(1, now=10.5)
+    assert slots.audio_due[1] == -np.inf
+
+
+def test_a_later_segments_audio_is_not_counted_for_an_earlier_one() -> None:
+    """Two segments of a session generate at once: when the later one's audio is sent first,
+    the earlier one's listener does not have it before its own (it is not counted)."""
+    policy, slots, states, out = make(chunk_frames=(25,))
+    for slot in (0, 1):
+        admit(slots, slot, rid=slot + 1, states=states, policy=policy, session=7, priority=True)
+        policy.started(slot, now=10.0)
+    for f in range(25):
+        tick(policy, slots, [1], f, now=10.0)  # the later segment's first chunk: 2 s
+    for f in range(25):
+        tick(policy, slots, [0], f, now=10.5)
+    assert slots.t_first_emit[0] == 10.5  # not 12.0
+
+
+def test_a_listener_that_ran_dry_waits_like_a_new_one() -> None:
+    policy, slots, states, out = make(chunk_frames=(25,))
+    admit(slots, 0, rid=1, states=states, policy=policy, session=7)
+    policy.started(0, now=9.0)
+    for f in range(25):
+        tick(policy, slots, [0], f, now=10.0)
+    admit(slots, 1, rid=2, states=states, policy=policy, session=7, priority=True)
+    policy.started(1, now=12.5)  # segment 0's 2 s were heard by t=12
+    assert slots.audio_due[1] == -np.inf

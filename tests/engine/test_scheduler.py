@@ -232,3 +232,36 @@ def test_pending_frames_keep_order_warm_up_and_first_frame() -> None:
     tab.add_pending(slots[:1], np.array([[6, 6]]), np.array([6]))
     assert tab.pending_first[0] == 3 and codes[-1, 0] == 5  # the taken array is its own
     assert tab.take_pending(1)[:, 0].tolist() == [10, 11, 12, 13]
+
+
+def test_the_plan_says_when_a_stream_waits_for_its_first_audio() -> None:
+    """Stepped or still joining, a stream whose listener has no audio yet (-inf) makes the
+    tick one the engine keeps short (no thread-count probe)."""
+    sched, slots, clock = make(step_slack_s=1.0)
+    admit(sched, slots, 0, request(0, 10), running=True)
+    assert sched.schedule().first_audio  # alone, with no audio
+    slots.audio_due[0] = clock.t + 5.0
+    assert not sched.schedule().first_audio
+    admit(sched, slots, 1, request(1, 10))  # joining
+    plan = sched.schedule()
+    assert plan.first_audio and plan.decode.tolist() == [0]
+    apply(sched, slots, plan)
+    plan = sched.schedule()  # slot 1 steps now; slot 0, 5 s ahead, sits the tick out
+    assert plan.first_audio and plan.decode.tolist() == [1]
+    slots.audio_due[1] = clock.t + 0.1
+    assert not sched.schedule().first_audio
+
+
+def test_a_next_segment_with_audio_in_hand_does_not_step_beside_a_newcomer() -> None:
+    """A session's next segment admitted with its listener 3 s from running dry
+    (ChunkPolicy.started) is no newcomer: beside one it sits the tick out (as a newcomer
+    itself, -inf, it stepped); with under ``step_slack_s`` in hand it steps."""
+    sched, slots, clock = make(step_slack_s=1.0)
+    for slot in range(2):
+        admit(sched, slots, slot, request(slot, 10), running=True)
+    # slot 0: the next segment, before its first chunk; slot 1: a new stream
+    assert sched.schedule().decode.tolist() == [0, 1]
+    slots.audio_due[0] = clock.t + 3.0
+    assert sched.schedule().decode.tolist() == [1]
+    slots.audio_due[0] = clock.t + 0.5
+    assert sched.schedule().decode.tolist() == [0, 1]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from streamtts.config import SamplingParams
+from streamtts.constants import FRAME_S
 from streamtts.engine.decoding import _END_RAMP, END_FADE_SAMPLES, fade_out_end
 from streamtts.engine.segmented import (
     SegmentAudio,
@@ -332,6 +333,36 @@ def test_real_engine_segments_share_a_voice_and_join_cleanly(engine: Any) -> Non
     assert abs(float(pcm[0])) < 0.01 and abs(float(pcm[-1])) < 0.01
     assert float(np.sqrt(np.mean(pcm**2))) > 1e-3  # not silence
     assert eng.active_streams == 0
+
+
+def test_real_engine_counts_a_sessions_audio_in_hand_and_forgets_it_at_the_end(engine: Any) -> None:
+    """The engine keeps when a session's listener runs dry (its next segment's urgency,
+    chunk_policy.py) while the session runs, and drops it when the session ends."""
+    eng, loop = engine
+    policy = eng._core.policy
+    forgot: list[tuple[int, float]] = []
+    end = policy.end_session
+
+    def end_session(session: int) -> None:
+        if session in policy._session_due:
+            forgot.append((session, policy._session_due[session][0]))
+        end(session)
+
+    policy.end_session = end_session
+    try:
+        async def main() -> list[Any]:
+            events = [ev async for ev in speak_segments(eng, ["First part of it here.", "Then the second part."], continuity_frames=20)]
+            async for _ in eng.stream("After it."):  # queued behind the session's end
+                pass
+            return events
+
+        t0 = time.monotonic()
+        events = loop.run_until_complete(main())
+    finally:
+        del policy.end_session
+    longest = max(e.frames for e in events if isinstance(e, SegmentDone))
+    assert len(forgot) == 1 and policy._session_due == {}
+    assert forgot[0][1] >= t0 + longest * FRAME_S  # its listener had at least its longest segment
 
 
 def test_real_engine_is_reproducible(engine: Any) -> None:

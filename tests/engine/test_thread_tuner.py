@@ -92,3 +92,35 @@ def test_an_observation_of_another_count_is_not_a_probes() -> None:
     t.observe(1, k, 0.001)
     run(t, 1, {1: 0.001, 2: 0.001}.__getitem__, 2 * PROBE_ROUNDS - 1)
     assert t.chosen() == {1: 2} and t.moves == 0
+
+
+def test_no_probe_runs_while_held() -> None:
+    """``hold`` (a stream waits for its first audio): the count in use, no probe; the probe
+    that was due runs at the first decode after, and one under way resumes where it was."""
+    t = ThreadTuner(2)
+    t.hold = True
+    assert run(t, 1, lambda k: 0.001 if k == 1 else 0.002, FIRST_PROBE + 50) == Counter({2: FIRST_PROBE + 50})
+    assert t.chosen() == {}
+    t.hold = False
+    run(t, 1, lambda k: 0.001 if k == 1 else 0.002, 3)  # the probe's first decodes
+    t.hold = True
+    assert run(t, 1, lambda k: 0.001 if k == 1 else 0.002, 10) == Counter({2: 10})  # held: none is a probe's
+    t.hold = False
+    run(t, 1, lambda k: 0.001 if k == 1 else 0.002, 2 * PROBE_ROUNDS - 3)
+    assert t.chosen() == {1: 1}
+
+
+def test_a_count_whose_decodes_stall_loses_to_a_steady_one() -> None:
+    """Two threads: 0.16 ms, but one decode in three stalls 15 ms (both threads on one core);
+    one thread: a steady 0.2 ms. Their medians favour two threads; their means one."""
+    t = ThreadTuner(2)
+    n = {"two": 0}
+
+    def cost(k: int) -> float:
+        if k == 1:
+            return 0.0002
+        n["two"] += 1
+        return 0.015 if n["two"] % 3 == 0 else 0.00016
+
+    run(t, 1, cost, FIRST_PROBE + 2 * PROBE_ROUNDS)
+    assert t.chosen() == {1: 1}

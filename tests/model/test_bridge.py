@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -733,3 +735,56 @@ def test_the_cxx_runtime_is_global_before_the_bridge_loads() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "global", res.stderr[-2000:]
+
+
+def _affinity_of_new_threads(before: set[int]) -> dict[int, set[int]]:
+    from streamtts.engine.priority import thread_ids
+
+    return {t: os.sched_getaffinity(t) for t in thread_ids() - before}
+
+
+@pytest.mark.skipif(sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2, reason="Linux, 2+ CPUs allowed")
+def test_pinned_threads_each_keep_one_cpu_and_the_creator_keeps_its_own(make_backbone: Any) -> None:
+    """``pin_threads``: our pool's worker takes the first allowed CPU, the thread that calls
+    pin_caller (the engine's, which decodes) the second until it calls pin_caller(False);
+    the thread that made the context keeps every CPU it had (ggml pins a pool's creator: the
+    bridge gives them back); the bits are the same as unpinned."""
+    from streamtts.engine.priority import thread_ids
+
+    mine = os.sched_getaffinity(0)
+    first, second = sorted(mine)[:2]
+    before = thread_ids()
+    b = make_backbone(thread_poll=0, n_threads=2, pin_threads=True)
+    assert os.sched_getaffinity(0) == mine
+    assert set(map(frozenset, _affinity_of_new_threads(before).values())) == {frozenset({first})}
+    ref = make_backbone(thread_poll=0, n_threads=2)
+    assert ref.pin_caller() is None and os.sched_getaffinity(0) == mine  # not pinned: nothing changes
+    prompt = rows(20, 90)
+    got: dict[str, Any] = {}
+
+    def decoder() -> None:  # as the engine thread: pin, decode, unpin
+        got["cpu"] = b.pin_caller()
+        got["affinity"] = os.sched_getaffinity(0)
+        got["hidden"] = prefill(b, 0, prompt)
+        got["unpinned"] = b.pin_caller(False), os.sched_getaffinity(0)
+
+    t = threading.Thread(target=decoder)
+    t.start()
+    t.join()
+    assert got["cpu"] == second and got["affinity"] == {second}
+    assert got["unpinned"] == (None, mine)  # its own CPUs back
+    np.testing.assert_array_equal(got["hidden"], prefill(ref, 0, prompt))
+
+
+def test_pinning_needs_our_pool_and_two_threads(make_backbone: Any) -> None:
+    """llama.cpp's own pool (thread_poll None) and one thread: nothing is pinned."""
+    from streamtts.engine.priority import thread_ids
+
+    mine = os.sched_getaffinity(0) if sys.platform == "linux" else set()
+    before = thread_ids()
+    for kw in ({"thread_poll": None, "n_threads": 2}, {"thread_poll": 0, "n_threads": 1}):
+        b = make_backbone(pin_threads=True, **kw)
+        assert b.pin_caller() is None
+    if sys.platform == "linux":
+        assert os.sched_getaffinity(0) == mine
+        assert all(a == mine for a in _affinity_of_new_threads(before).values())
