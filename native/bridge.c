@@ -299,7 +299,7 @@ STT_API int32_t stt_params_size(void) { return (int32_t)sizeof(stt_params); }
 
 /* Why: llama.cpp's CPU threads meet at a spinning barrier after every op of the graph. A
  * worker the kernel wakes onto the core the decoding thread is spinning on waits there while
- * another core idles (it is "cache hot", so not moved at once): on a 2-vCPU machine 1-2 % of
+ * another core idles (it is "cache hot", so not moved at once): on a 2-vCPU machine 0.7-2 % of
  * two-thread decodes of the tiny demo model took 10-35 ms instead of 0.2 ms, both threads
  * taking turns on one core in 4 ms slices (docs/perf.md). Pinned to different cores they
  * cannot meet. */
